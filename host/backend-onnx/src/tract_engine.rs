@@ -1,0 +1,257 @@
+//! The embedded pure-Rust engine (`tract`). It needs concrete shapes, so each distinct set of
+//! input shapes (in practice: each batch size) gets its own optimized plan, built once and shared
+//! by every instance of the model.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use tract_onnx::pb;
+use tract_onnx::prelude::{
+    tract_ndarray, DatumType, Framework, InferenceFact, InferenceModel, InferenceModelExt,
+    IntoRunnable, IntoTensor, TValue, TVec, Tensor as TractTensor, TypedRunnableModel,
+};
+use wisp_core::config::{IoSpec, ModelIo};
+use wisp_core::{DataType, Error, Result, Tensor};
+
+use crate::convert::{from_strings, to_strings};
+use crate::{Runner, Spec};
+
+fn onnx_dtype(elem_type: i32) -> Option<DataType> {
+    Some(match elem_type {
+        1 => DataType::Fp32,
+        2 => DataType::Uint8,
+        3 => DataType::Int8,
+        4 => DataType::Uint16,
+        5 => DataType::Int16,
+        6 => DataType::Int32,
+        7 => DataType::Int64,
+        8 => DataType::Bytes,
+        9 => DataType::Bool,
+        10 => DataType::Fp16,
+        11 => DataType::Fp64,
+        12 => DataType::Uint32,
+        13 => DataType::Uint64,
+        16 => DataType::Bf16,
+        _ => return None,
+    })
+}
+
+fn datum(dt: DataType) -> DatumType {
+    match dt {
+        DataType::Bool => DatumType::Bool,
+        DataType::Uint8 => DatumType::U8,
+        DataType::Uint16 => DatumType::U16,
+        DataType::Uint32 => DatumType::U32,
+        DataType::Uint64 => DatumType::U64,
+        DataType::Int8 => DatumType::I8,
+        DataType::Int16 => DatumType::I16,
+        DataType::Int32 => DatumType::I32,
+        DataType::Int64 => DatumType::I64,
+        DataType::Fp16 => DatumType::F16,
+        DataType::Fp32 => DatumType::F32,
+        DataType::Fp64 => DatumType::F64,
+        // tract has no bf16; such models fail to plan with a clear error.
+        DataType::Bf16 => DatumType::F16,
+        DataType::Bytes => DatumType::String,
+    }
+}
+
+fn from_datum(dt: DatumType) -> Option<DataType> {
+    Some(match dt {
+        DatumType::Bool => DataType::Bool,
+        DatumType::U8 => DataType::Uint8,
+        DatumType::U16 => DataType::Uint16,
+        DatumType::U32 => DataType::Uint32,
+        DatumType::U64 => DataType::Uint64,
+        DatumType::I8 => DataType::Int8,
+        DatumType::I16 => DataType::Int16,
+        DatumType::I32 => DataType::Int32,
+        DatumType::I64 => DataType::Int64,
+        DatumType::F16 => DataType::Fp16,
+        DatumType::F32 => DataType::Fp32,
+        DatumType::F64 => DataType::Fp64,
+        DatumType::String => DataType::Bytes,
+        _ => return None,
+    })
+}
+
+fn io_spec(v: &pb::ValueInfoProto) -> IoSpec {
+    let (datatype, shape) = match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(pb::type_proto::Value::TensorType(tt)) => {
+            let shape = tt
+                .shape
+                .as_ref()
+                .map(|s| {
+                    s.dim
+                        .iter()
+                        .map(|d| match d.value {
+                            Some(pb::tensor_shape_proto::dimension::Value::DimValue(n))
+                                if n > 0 =>
+                            {
+                                n
+                            }
+                            _ => -1,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            (onnx_dtype(tt.elem_type), shape)
+        }
+        _ => (None, Vec::new()),
+    };
+    IoSpec {
+        name: v.name.clone(),
+        datatype,
+        shape,
+    }
+}
+
+/// The inputs (initializers excluded) and outputs an ONNX file declares.
+pub(crate) fn describe(file: &Path) -> Result<ModelIo> {
+    let proto = tract_onnx::onnx()
+        .proto_model_for_path(file)
+        .map_err(|e| Error::invalid(format!("cannot read ONNX file {}: {e}", file.display())))?;
+    let graph = proto
+        .graph
+        .as_ref()
+        .ok_or_else(|| Error::invalid(format!("ONNX file {} has no graph", file.display())))?;
+    let init: std::collections::HashSet<&str> =
+        graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    Ok(ModelIo {
+        inputs: graph
+            .input
+            .iter()
+            .filter(|v| !init.contains(v.name.as_str()))
+            .map(io_spec)
+            .collect(),
+        outputs: graph.output.iter().map(io_spec).collect(),
+    })
+}
+
+type PlanKey = Vec<Vec<i64>>;
+
+/// A parsed model plus its per-shape plan cache, shared by all instances.
+pub(crate) struct TractModel {
+    model: InferenceModel,
+    /// Model-file inputs in graph order.
+    inputs: Vec<IoSpec>,
+    outputs: Vec<String>,
+    plans: Mutex<HashMap<PlanKey, Arc<TypedRunnableModel>>>,
+}
+
+impl TractModel {
+    pub(crate) fn load(file: &Path, spec: &Spec) -> Result<Self> {
+        let model = tract_onnx::onnx()
+            .model_for_path(file)
+            .map_err(|e| Error::invalid(format!("tract cannot load {}: {e:#}", file.display())))?;
+        let io = describe(file)?;
+        let m = TractModel {
+            model,
+            inputs: spec.file_inputs.clone(),
+            outputs: io.outputs.iter().map(|o| o.name.clone()).collect(),
+            plans: Mutex::new(HashMap::new()),
+        };
+        // Plan batch size 1 now when every shape is known, so a model tract cannot run fails
+        // at load time, not on its first request.
+        if let Some(key) = &spec.batch1_shapes {
+            m.plan(key)?;
+        }
+        Ok(m)
+    }
+
+    fn plan(&self, key: &PlanKey) -> Result<Arc<TypedRunnableModel>> {
+        if let Some(p) = self.plans.lock().expect("plan cache lock").get(key) {
+            return Ok(p.clone());
+        }
+        let mut model = self.model.clone();
+        for (i, (spec, shape)) in self.inputs.iter().zip(key).enumerate() {
+            let dt = spec.datatype.unwrap_or(DataType::Fp32);
+            let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+            model
+                .set_input_fact(i, InferenceFact::dt_shape(datum(dt), dims))
+                .map_err(|e| Error::internal(format!("tract: input '{}': {e:#}", spec.name)))?;
+        }
+        let plan = model
+            .into_optimized()
+            .and_then(|m| m.into_runnable())
+            .map_err(|e| Error::internal(format!("tract cannot plan shapes {key:?}: {e:#}")))?;
+        tracing::debug!(shapes = ?key, "tract plan built");
+        self.plans
+            .lock()
+            .expect("plan cache lock")
+            .insert(key.clone(), plan.clone());
+        Ok(plan)
+    }
+}
+
+pub(crate) struct TractRunner {
+    model: Arc<TractModel>,
+}
+
+impl TractRunner {
+    pub(crate) fn new(model: Arc<TractModel>) -> Self {
+        TractRunner { model }
+    }
+}
+
+fn to_tract(t: &Tensor) -> Result<TractTensor> {
+    let dims: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+    if t.datatype == DataType::Bytes {
+        let strings = to_strings(&t.data, &t.name)?;
+        let arr = tract_ndarray::ArrayD::from_shape_vec(dims, strings)
+            .map_err(|e| Error::invalid(format!("input '{}': {e}", t.name)))?;
+        return Ok(arr.into_tensor());
+    }
+    let mut out = TractTensor::zero_dt(datum(t.datatype), &dims)
+        .map_err(|e| Error::internal(format!("tract: input '{}': {e:#}", t.name)))?;
+    out.as_bytes_mut().copy_from_slice(&t.data);
+    Ok(out)
+}
+
+fn from_tract(name: &str, t: &TractTensor) -> Result<Tensor> {
+    let dt = from_datum(t.datum_type()).ok_or_else(|| {
+        Error::unsupported(format!(
+            "output '{name}' has tract type {:?}, which Wisp does not serve",
+            t.datum_type()
+        ))
+    })?;
+    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    let data = if dt == DataType::Bytes {
+        let view = t
+            .to_plain_array_view::<String>()
+            .map_err(|e| Error::internal(format!("output '{name}': {e:#}")))?;
+        from_strings(&view.iter().cloned().collect::<Vec<_>>())
+    } else {
+        t.as_bytes().to_vec()
+    };
+    Tensor::new(name, dt, shape, data.into())
+}
+
+impl Runner for TractRunner {
+    fn run(&mut self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        // tract takes inputs positionally, in the model file's order.
+        let mut ordered: TVec<TValue> = TVec::new();
+        let mut key = Vec::with_capacity(self.model.inputs.len());
+        for spec in &self.model.inputs {
+            let t = inputs.iter().find(|t| t.name == spec.name).ok_or_else(|| {
+                Error::invalid(format!(
+                    "input '{}' is required by the tract engine",
+                    spec.name
+                ))
+            })?;
+            key.push(t.shape.clone());
+            ordered.push(to_tract(t)?.into());
+        }
+        let plan = self.model.plan(&key)?;
+        let outputs = plan
+            .run(ordered)
+            .map_err(|e| Error::internal(format!("tract: {e:#}")))?;
+        self.model
+            .outputs
+            .iter()
+            .zip(outputs.iter())
+            .map(|(name, v)| from_tract(name, v))
+            .collect()
+    }
+}

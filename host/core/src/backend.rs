@@ -1,0 +1,35 @@
+//! The contract between the model lifecycle and a backend (ONNX, wasm, ...).
+//!
+//! A [`Backend`] describes a model file (for auto-complete) and loads a version into a
+//! [`LoadedModel`], which creates [`Instance`]s. Each instance runs on its own thread and
+//! executes a whole batch of requests at a time, as in Triton's backend API.
+
+use std::path::Path;
+
+use crate::config::{ModelConfig, ModelIo};
+use crate::error::Result;
+use crate::infer::{InferRequest, InferResponse};
+
+/// A kind of model (one per `backend`/`platform`).
+pub trait Backend: Send + Sync {
+    /// The inputs and outputs the model file declares.
+    fn describe(&self, model_file: &Path) -> Result<ModelIo>;
+    /// Loads one version of a model from `model_file` with its validated config.
+    fn load(&self, config: &ModelConfig, model_file: &Path) -> Result<Box<dyn LoadedModel>>;
+}
+
+/// One loaded model version, shared by its instances.
+pub trait LoadedModel: Send + Sync {
+    /// The engine that runs it (`"onnxruntime"`, `"tract"`), shown in metadata and logs.
+    fn engine(&self) -> &str;
+    /// Creates instance number `index` (each instance owns its own session/state).
+    fn new_instance(&self, index: usize) -> Result<Box<dyn Instance>>;
+}
+
+/// One model instance: executes batches on the thread that owns it.
+pub trait Instance: Send {
+    /// Executes a batch of requests, returning one result per request, in order. The requests
+    /// have been validated against the model config; with `max_batch_size > 0` their inputs
+    /// carry the batch dimension and may be concatenated.
+    fn execute(&mut self, batch: &[InferRequest]) -> Vec<Result<InferResponse>>;
+}

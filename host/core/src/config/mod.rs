@@ -1,0 +1,656 @@
+//! Model configuration: `config.pbtxt` parsed, normalized, auto-completed and validated.
+//!
+//! The flow is Triton's: **parse** the protobuf text format against our own
+//! `proto/model_config.proto` (so anything that is not valid Triton syntax is rejected with its
+//! line and column), **auto-complete** missing inputs/outputs/`max_batch_size` from the model file
+//! ([`autocomplete`]), **normalize** defaults ([`normalize`]), then **validate** everything and
+//! report every error at once, each naming the model and the field path ([`validate`]).
+//!
+//! Fields that are valid Triton but that Wisp does not act on are kept (and echoed by the
+//! `/config` endpoint) and listed by [`ModelConfig::unsupported_fields`] so the loader warns.
+
+mod schema;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+pub use schema::{config_from_json, config_to_json};
+
+use crate::datatype::DataType;
+use crate::error::Error;
+
+/// The platform name Triton uses for ONNX models.
+pub const ONNX_PLATFORM: &str = "onnxruntime_onnx";
+/// The backend name Triton uses for ONNX models.
+pub const ONNX_BACKEND: &str = "onnxruntime";
+/// Default `max_batch_size` given to models that can batch but do not say (Triton's
+/// `--backend-config=default-max-batch-size`).
+pub const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
+
+type Map = serde_json::Map<String, serde_json::Value>;
+
+/// Triton's `ModelConfig`, for the fields Wisp acts on; the rest is kept in `other`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ModelConfig {
+    /// Model name; must equal the model's directory name.
+    pub name: String,
+    /// Platform (`onnxruntime_onnx`, `ensemble`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub platform: String,
+    /// Backend (`onnxruntime`, `wasm`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub backend: String,
+    /// Which versions are served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version_policy: Option<VersionPolicy>,
+    /// 0: the model does not batch; ≥ 1: inputs and outputs carry an implicit batch dim.
+    pub max_batch_size: i32,
+    /// Inputs.
+    pub input: Vec<ModelInput>,
+    /// Outputs.
+    pub output: Vec<ModelOutput>,
+    /// Instance groups.
+    pub instance_group: Vec<InstanceGroup>,
+    /// File name of the model inside its version directory.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub default_model_filename: String,
+    /// Backend parameters (`key → {string_value}`).
+    pub parameters: BTreeMap<String, ModelParameter>,
+    /// Every other Triton field that was set, verbatim (proto JSON form).
+    #[serde(flatten)]
+    pub other: Map,
+}
+
+/// `version_policy`: exactly one of the three is set after normalization.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct VersionPolicy {
+    /// Serve the `num_versions` highest versions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latest: Option<Latest>,
+    /// Serve every version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all: Option<Map>,
+    /// Serve the listed versions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub specific: Option<Specific>,
+}
+
+/// `version_policy.latest`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Latest {
+    /// How many of the highest versions to serve (default 1).
+    pub num_versions: u32,
+}
+
+/// `version_policy.specific`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Specific {
+    /// The versions to serve.
+    pub versions: Vec<i64>,
+}
+
+/// `input[]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ModelInput {
+    /// Tensor name.
+    pub name: String,
+    /// `TYPE_FP32` etc.
+    pub data_type: String,
+    /// `FORMAT_NONE`, `FORMAT_NHWC`, `FORMAT_NCHW`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub format: String,
+    /// Shape without the batch dim; -1 = variable.
+    pub dims: Vec<i64>,
+    /// Shape the backend sees, if different from `dims`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reshape: Option<Reshape>,
+    /// The input may be omitted.
+    pub optional: bool,
+    /// Other Triton input fields that were set.
+    #[serde(flatten)]
+    pub other: Map,
+}
+
+/// `output[]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ModelOutput {
+    /// Tensor name.
+    pub name: String,
+    /// `TYPE_FP32` etc.
+    pub data_type: String,
+    /// Shape without the batch dim; -1 = variable.
+    pub dims: Vec<i64>,
+    /// Shape the backend produces, if different from `dims`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reshape: Option<Reshape>,
+    /// Labels file beside `config.pbtxt`, for the classification extension.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub label_filename: String,
+    /// Other Triton output fields that were set.
+    #[serde(flatten)]
+    pub other: Map,
+}
+
+/// `reshape { shape: [...] }`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Reshape {
+    /// The shape.
+    pub shape: Vec<i64>,
+}
+
+/// `instance_group[]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct InstanceGroup {
+    /// Group name (default `<model>_<index>`... normalized to the model name as Triton does).
+    pub name: String,
+    /// `KIND_AUTO`, `KIND_CPU`, `KIND_MODEL` (`KIND_GPU` is rejected: Wisp runs on CPU).
+    pub kind: String,
+    /// Number of instances.
+    pub count: i32,
+    /// Host policy name (`--host-policy`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub host_policy: String,
+    /// Other Triton group fields that were set.
+    #[serde(flatten)]
+    pub other: Map,
+}
+
+/// `parameters { key: ..., value: { string_value: ... } }`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ModelParameter {
+    /// The value.
+    pub string_value: String,
+}
+
+/// One problem in a model's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Field path (`input[0].dims`), empty for the whole file.
+    pub path: String,
+    /// What is wrong and what was expected.
+    pub message: String,
+}
+
+/// Every problem found in one model's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors {
+    /// The model.
+    pub model: String,
+    /// The problems, in field order.
+    pub errors: Vec<ConfigError>,
+}
+
+impl std::fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid config for model '{}': ", self.model)?;
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            if e.path.is_empty() {
+                write!(f, "{}", e.message)?;
+            } else {
+                write!(f, "{}: {}", e.path, e.message)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl From<ConfigErrors> for Error {
+    fn from(e: ConfigErrors) -> Self {
+        Error::invalid(e.to_string())
+    }
+}
+
+impl ModelConfig {
+    /// The ONNX backend serves this model.
+    pub fn is_onnx(&self) -> bool {
+        self.platform == ONNX_PLATFORM || self.backend == ONNX_BACKEND
+    }
+
+    /// The model has an implicit batch dimension.
+    pub fn batches(&self) -> bool {
+        self.max_batch_size > 0
+    }
+
+    /// A backend parameter's string value.
+    pub fn parameter(&self, key: &str) -> Option<&str> {
+        self.parameters.get(key).map(|p| p.string_value.as_str())
+    }
+
+    /// Top-level Triton fields that are set but that Wisp does not act on.
+    pub fn unsupported_fields(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.other.keys().cloned().collect();
+        for (i, input) in self.input.iter().enumerate() {
+            out.extend(input.other.keys().map(|k| format!("input[{i}].{k}")));
+        }
+        for (i, output) in self.output.iter().enumerate() {
+            out.extend(output.other.keys().map(|k| format!("output[{i}].{k}")));
+        }
+        for (i, g) in self.instance_group.iter().enumerate() {
+            out.extend(g.other.keys().map(|k| format!("instance_group[{i}].{k}")));
+        }
+        out
+    }
+
+    /// Total instance count over all groups.
+    pub fn instance_count(&self) -> usize {
+        self.instance_group
+            .iter()
+            .map(|g| g.count.max(0) as usize)
+            .sum()
+    }
+}
+
+/// Parses `config.pbtxt` text. `model` names the model in errors.
+pub fn parse_pbtxt(model: &str, text: &str) -> Result<ModelConfig, ConfigErrors> {
+    schema::parse_text(text).map_err(|message| ConfigErrors {
+        model: model.to_string(),
+        errors: vec![ConfigError {
+            path: String::new(),
+            message,
+        }],
+    })
+}
+
+/// Whether the text sets `max_batch_size` explicitly (proto3 cannot tell 0 from unset).
+pub fn sets_max_batch_size(text: &str) -> bool {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .any(|l| l.trim_start().starts_with("max_batch_size"))
+}
+
+/// A model file's own description of one tensor, for auto-complete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IoSpec {
+    /// Tensor name.
+    pub name: String,
+    /// Element type, `None` if the model file uses one Wisp does not serve.
+    pub datatype: Option<DataType>,
+    /// Full shape as in the model file (-1 for symbolic dims).
+    pub shape: Vec<i64>,
+}
+
+/// The inputs and outputs a model file declares.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ModelIo {
+    /// Inputs (initializers excluded).
+    pub inputs: Vec<IoSpec>,
+    /// Outputs.
+    pub outputs: Vec<IoSpec>,
+}
+
+/// Fills in what the config leaves out from the model file, as Triton's ONNX backend does:
+/// `max_batch_size` (when the text did not set it and every tensor's first dim is variable),
+/// missing inputs and outputs, and missing `data_type`/`dims` of listed ones.
+pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo, max_batch_size_set: bool) {
+    let all = io.inputs.iter().chain(io.outputs.iter());
+    let can_batch = !io.inputs.is_empty() && all.clone().all(|t| t.shape.first() == Some(&-1));
+    if !max_batch_size_set && cfg.max_batch_size == 0 && can_batch {
+        cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE;
+    }
+    let strip = cfg.max_batch_size > 0;
+    let dims_of = |t: &IoSpec| -> Vec<i64> {
+        if strip && !t.shape.is_empty() {
+            t.shape[1..].to_vec()
+        } else {
+            t.shape.clone()
+        }
+    };
+    let type_of = |t: &IoSpec| {
+        t.datatype
+            .map(|d| d.config_name().to_string())
+            .unwrap_or_else(|| "TYPE_INVALID".into())
+    };
+    if cfg.input.is_empty() {
+        cfg.input = io
+            .inputs
+            .iter()
+            .map(|t| ModelInput {
+                name: t.name.clone(),
+                data_type: type_of(t),
+                dims: dims_of(t),
+                ..Default::default()
+            })
+            .collect();
+    } else {
+        for input in &mut cfg.input {
+            if let Some(t) = io.inputs.iter().find(|t| t.name == input.name) {
+                if input.data_type.is_empty() || input.data_type == "TYPE_INVALID" {
+                    input.data_type = type_of(t);
+                }
+                if input.dims.is_empty() && input.reshape.is_none() {
+                    input.dims = dims_of(t);
+                }
+            }
+        }
+    }
+    if cfg.output.is_empty() {
+        cfg.output = io
+            .outputs
+            .iter()
+            .map(|t| ModelOutput {
+                name: t.name.clone(),
+                data_type: type_of(t),
+                dims: dims_of(t),
+                ..Default::default()
+            })
+            .collect();
+    } else {
+        for output in &mut cfg.output {
+            if let Some(t) = io.outputs.iter().find(|t| t.name == output.name) {
+                if output.data_type.is_empty() || output.data_type == "TYPE_INVALID" {
+                    output.data_type = type_of(t);
+                }
+                if output.dims.is_empty() && output.reshape.is_none() {
+                    output.dims = dims_of(t);
+                }
+            }
+        }
+    }
+}
+
+/// Fills defaults: name from the directory, ONNX backend when a `model.onnx` is present,
+/// `version_policy { latest { num_versions: 1 } }`, one `KIND_CPU` instance group, `FORMAT_NONE`.
+pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
+    if cfg.name.is_empty() {
+        cfg.name = dir_name.to_string();
+    }
+    if cfg.platform.is_empty() && cfg.backend.is_empty() {
+        let has_onnx = std::fs::read_dir(model_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.path().join("model.onnx").is_file());
+        if has_onnx {
+            cfg.backend = ONNX_BACKEND.into();
+        }
+    }
+    if cfg.is_onnx() {
+        if cfg.platform.is_empty() {
+            cfg.platform = ONNX_PLATFORM.into();
+        }
+        if cfg.backend.is_empty() {
+            cfg.backend = ONNX_BACKEND.into();
+        }
+        if cfg.default_model_filename.is_empty() {
+            cfg.default_model_filename = "model.onnx".into();
+        }
+    }
+    match &mut cfg.version_policy {
+        None => {
+            cfg.version_policy = Some(VersionPolicy {
+                latest: Some(Latest { num_versions: 1 }),
+                ..Default::default()
+            })
+        }
+        Some(p) if p.latest.is_none() && p.all.is_none() && p.specific.is_none() => {
+            p.latest = Some(Latest { num_versions: 1 })
+        }
+        _ => {}
+    }
+    if cfg.instance_group.is_empty() {
+        cfg.instance_group.push(InstanceGroup::default());
+    }
+    let name = cfg.name.clone();
+    for (i, g) in cfg.instance_group.iter_mut().enumerate() {
+        if g.name.is_empty() {
+            g.name = if i == 0 {
+                name.clone()
+            } else {
+                format!("{name}_{i}")
+            };
+        }
+        if g.kind.is_empty() || g.kind == "KIND_AUTO" {
+            g.kind = "KIND_CPU".into();
+        }
+        if g.count == 0 {
+            g.count = 1;
+        }
+    }
+    for input in &mut cfg.input {
+        if input.format.is_empty() {
+            input.format = "FORMAT_NONE".into();
+        }
+    }
+}
+
+/// Checks a normalized config; returns every problem found.
+pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(), ConfigErrors> {
+    let mut errs = Vec::new();
+    let mut err = |path: String, message: String| errs.push(ConfigError { path, message });
+
+    if cfg.name != dir_name {
+        err(
+            "name".into(),
+            format!(
+                "'{}' does not match the model directory name '{dir_name}'",
+                cfg.name
+            ),
+        );
+    }
+    if !cfg.is_onnx() {
+        let what = if cfg.platform.is_empty() && cfg.backend.is_empty() {
+            "neither platform nor backend is set and no <version>/model.onnx was found".to_string()
+        } else {
+            format!(
+                "unsupported platform '{}' / backend '{}', expected platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\"",
+                cfg.platform, cfg.backend
+            )
+        };
+        err("backend".into(), what);
+    }
+    if cfg.max_batch_size < 0 {
+        err(
+            "max_batch_size".into(),
+            format!("must be >= 0, got {}", cfg.max_batch_size),
+        );
+    }
+    if let Some(p) = &cfg.version_policy {
+        if let Some(l) = &p.latest {
+            if l.num_versions == 0 {
+                err(
+                    "version_policy.latest.num_versions".into(),
+                    "must be >= 1".into(),
+                );
+            }
+        }
+        if let Some(s) = &p.specific {
+            if s.versions.is_empty() {
+                err(
+                    "version_policy.specific.versions".into(),
+                    "must list at least one version".into(),
+                );
+            }
+            for v in &s.versions {
+                if *v < 0 {
+                    err(
+                        "version_policy.specific.versions".into(),
+                        format!("version {v} is negative"),
+                    );
+                }
+            }
+        }
+    }
+    if cfg.input.is_empty() {
+        err(
+            "input".into(),
+            "the model has no inputs (none configured and none found in the model file)".into(),
+        );
+    }
+    if cfg.output.is_empty() {
+        err(
+            "output".into(),
+            "the model has no outputs (none configured and none found in the model file)".into(),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, t) in cfg.input.iter().enumerate() {
+        let p = format!("input[{i}]");
+        check_tensor(
+            &mut err,
+            &p,
+            &t.name,
+            &t.data_type,
+            &t.dims,
+            t.reshape.as_ref(),
+        );
+        if !seen.insert(t.name.as_str()) {
+            err(format!("{p}.name"), format!("duplicate input '{}'", t.name));
+        }
+        if !matches!(
+            t.format.as_str(),
+            "FORMAT_NONE" | "FORMAT_NHWC" | "FORMAT_NCHW" | ""
+        ) {
+            err(
+                format!("{p}.format"),
+                format!("unknown format '{}'", t.format),
+            );
+        } else if t.format != "FORMAT_NONE" && !t.format.is_empty() && t.dims.len() != 3 {
+            err(
+                format!("{p}.format"),
+                format!(
+                    "{} needs 3 dims (without the batch dim), got {:?}",
+                    t.format, t.dims
+                ),
+            );
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, t) in cfg.output.iter().enumerate() {
+        let p = format!("output[{i}]");
+        check_tensor(
+            &mut err,
+            &p,
+            &t.name,
+            &t.data_type,
+            &t.dims,
+            t.reshape.as_ref(),
+        );
+        if !seen.insert(t.name.as_str()) {
+            err(
+                format!("{p}.name"),
+                format!("duplicate output '{}'", t.name),
+            );
+        }
+        if !t.label_filename.is_empty() && !model_dir.join(&t.label_filename).is_file() {
+            err(
+                format!("{p}.label_filename"),
+                format!(
+                    "labels file '{}' not found in {}",
+                    t.label_filename,
+                    model_dir.display()
+                ),
+            );
+        }
+    }
+    for (i, g) in cfg.instance_group.iter().enumerate() {
+        let p = format!("instance_group[{i}]");
+        match g.kind.as_str() {
+            "KIND_CPU" | "KIND_MODEL" | "KIND_AUTO" => {}
+            "KIND_GPU" => err(
+                format!("{p}.kind"),
+                "KIND_GPU is not supported: Wisp runs models on the CPU (use KIND_CPU)".into(),
+            ),
+            other => err(format!("{p}.kind"), format!("unknown kind '{other}'")),
+        }
+        if g.count < 1 {
+            err(
+                format!("{p}.count"),
+                format!("must be >= 1, got {}", g.count),
+            );
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigErrors {
+            model: dir_name.to_string(),
+            errors: errs,
+        })
+    }
+}
+
+fn check_tensor(
+    err: &mut impl FnMut(String, String),
+    p: &str,
+    name: &str,
+    data_type: &str,
+    dims: &[i64],
+    reshape: Option<&Reshape>,
+) {
+    if name.is_empty() {
+        err(format!("{p}.name"), "must not be empty".into());
+    }
+    let label = if name.is_empty() {
+        p.to_string()
+    } else {
+        format!("{p} '{name}'")
+    };
+    if DataType::from_config_name(data_type).is_none() {
+        let got = if data_type.is_empty() {
+            "none"
+        } else {
+            data_type
+        };
+        err(
+            format!("{label}.data_type"),
+            format!("must be a valid type such as TYPE_FP32, got {got}"),
+        );
+    }
+    if dims.is_empty() && reshape.is_none() {
+        err(
+            format!("{label}.dims"),
+            "must be set (use [1] with reshape { shape: [] } for a scalar)".into(),
+        );
+    }
+    for &d in dims {
+        if d < -1 || d == 0 {
+            err(
+                format!("{label}.dims"),
+                format!("dimension {d} is invalid, expected >= 1 or -1 (variable) in {dims:?}"),
+            );
+        }
+    }
+    if let Some(r) = reshape {
+        let fixed = |v: &[i64]| v.iter().all(|&d| d > 0);
+        if fixed(dims) && fixed(&r.shape) {
+            let a: i64 = dims.iter().product();
+            let b: i64 = r.shape.iter().product();
+            if a != b {
+                err(
+                    format!("{label}.reshape"),
+                    format!(
+                        "shape {:?} has {b} elements but dims {dims:?} have {a}",
+                        r.shape
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Reads a labels file: one label per line.
+pub fn read_labels(path: &Path) -> std::io::Result<Vec<String>> {
+    Ok(std::fs::read_to_string(path)?
+        .lines()
+        .map(|l| l.trim_end_matches('\r').to_string())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests;

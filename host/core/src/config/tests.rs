@@ -1,0 +1,163 @@
+use super::*;
+
+const FULL: &str = r#"
+name: "resnet"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+version_policy: { specific: { versions: [1, 3] } }
+input [
+  {
+    name: "x"
+    data_type: TYPE_FP32
+    format: FORMAT_NCHW
+    dims: [ 3, 224, 224 ]
+  }
+]
+output [
+  {
+    name: "y"
+    data_type: TYPE_FP32
+    dims: [ 1000 ]
+  }
+]
+instance_group [ { kind: KIND_CPU, count: 2 } ]
+parameters: { key: "intra_op_thread_count" value: { string_value: "1" } }
+sequence_batching { max_sequence_idle_microseconds: 5000 }
+"#;
+
+#[test]
+fn parses_a_full_triton_config() {
+    let cfg = parse_pbtxt("resnet", FULL).unwrap();
+    assert_eq!(cfg.name, "resnet");
+    assert_eq!(cfg.max_batch_size, 8);
+    assert_eq!(cfg.input[0].dims, vec![3, 224, 224]);
+    assert_eq!(cfg.input[0].data_type, "TYPE_FP32");
+    assert_eq!(cfg.input[0].format, "FORMAT_NCHW");
+    assert_eq!(cfg.output[0].dims, vec![1000]);
+    assert_eq!(cfg.instance_group[0].count, 2);
+    assert_eq!(cfg.parameter("intra_op_thread_count"), Some("1"));
+    assert_eq!(
+        cfg.version_policy
+            .as_ref()
+            .unwrap()
+            .specific
+            .as_ref()
+            .unwrap()
+            .versions,
+        vec![1, 3]
+    );
+    assert_eq!(
+        cfg.unsupported_fields(),
+        vec!["sequence_batching".to_string()]
+    );
+    assert!(sets_max_batch_size(FULL));
+}
+
+#[test]
+fn syntax_errors_carry_line_and_column() {
+    let e = parse_pbtxt(
+        "m",
+        "name: \"m\"\nmax_batch_size: 8\ninput [ { nme: \"x\" } ]\n",
+    )
+    .unwrap_err();
+    let s = e.to_string();
+    assert!(s.contains("config.pbtxt:3:"), "{s}");
+    assert!(s.contains("nme"), "{s}");
+    let e = parse_pbtxt("m", "max_batch_size: \"eight\"").unwrap_err();
+    assert!(e.to_string().contains("config.pbtxt:1:"), "{e}");
+}
+
+#[test]
+fn json_form_has_every_field_and_numbers() {
+    let mut cfg = parse_pbtxt("resnet", FULL).unwrap();
+    normalize(&mut cfg, "resnet", Path::new("/nonexistent"));
+    let json = config_to_json(&cfg);
+    assert_eq!(json["max_batch_size"], 8);
+    assert_eq!(json["input"][0]["dims"], serde_json::json!([3, 224, 224]));
+    assert_eq!(json["input"][0]["optional"], false);
+    assert_eq!(json["output"][0]["label_filename"], "");
+    assert_eq!(json["instance_group"][0]["kind"], "KIND_CPU");
+    assert_eq!(
+        json["sequence_batching"]["max_sequence_idle_microseconds"],
+        5000
+    );
+    // and it reads back to the same config
+    let back = config_from_json(&json.to_string()).unwrap();
+    assert_eq!(back.input, cfg.input);
+    assert_eq!(back.max_batch_size, 8);
+}
+
+fn io() -> ModelIo {
+    ModelIo {
+        inputs: vec![IoSpec {
+            name: "x".into(),
+            datatype: Some(DataType::Fp32),
+            shape: vec![-1, 3, 48, 192],
+        }],
+        outputs: vec![IoSpec {
+            name: "y".into(),
+            datatype: Some(DataType::Fp32),
+            shape: vec![-1, 2],
+        }],
+    }
+}
+
+#[test]
+fn autocomplete_fills_everything_from_the_model() {
+    let mut cfg = parse_pbtxt("cls", "").unwrap();
+    autocomplete(&mut cfg, &io(), false);
+    assert_eq!(cfg.max_batch_size, DEFAULT_MAX_BATCH_SIZE);
+    assert_eq!(cfg.input[0].dims, vec![3, 48, 192]);
+    assert_eq!(cfg.input[0].data_type, "TYPE_FP32");
+    assert_eq!(cfg.output[0].dims, vec![2]);
+}
+
+#[test]
+fn autocomplete_respects_explicit_max_batch_size_zero() {
+    let text = "max_batch_size: 0";
+    let mut cfg = parse_pbtxt("cls", text).unwrap();
+    autocomplete(&mut cfg, &io(), sets_max_batch_size(text));
+    assert_eq!(cfg.max_batch_size, 0);
+    assert_eq!(cfg.input[0].dims, vec![-1, 3, 48, 192]);
+}
+
+#[test]
+fn autocomplete_fills_partial_inputs_only() {
+    let text = "max_batch_size: 2\ninput [ { name: \"x\" } ]\noutput [ { name: \"y\" label_filename: \"l.txt\" } ]";
+    let mut cfg = parse_pbtxt("cls", text).unwrap();
+    autocomplete(&mut cfg, &io(), true);
+    assert_eq!(cfg.input[0].dims, vec![3, 48, 192]);
+    assert_eq!(cfg.output[0].label_filename, "l.txt");
+    assert_eq!(cfg.output[0].data_type, "TYPE_FP32");
+}
+
+#[test]
+fn fixed_first_dim_does_not_batch() {
+    let mut io = io();
+    io.inputs[0].shape[0] = 1;
+    let mut cfg = parse_pbtxt("cls", "").unwrap();
+    autocomplete(&mut cfg, &io, false);
+    assert_eq!(cfg.max_batch_size, 0);
+    assert_eq!(cfg.input[0].dims, vec![1, 3, 48, 192]);
+}
+
+#[test]
+fn normalize_sets_triton_defaults() {
+    let mut cfg = parse_pbtxt("m", "platform: \"onnxruntime_onnx\"").unwrap();
+    normalize(&mut cfg, "m", Path::new("/nonexistent"));
+    assert_eq!(cfg.name, "m");
+    assert_eq!(cfg.backend, ONNX_BACKEND);
+    assert_eq!(
+        cfg.version_policy
+            .as_ref()
+            .unwrap()
+            .latest
+            .as_ref()
+            .unwrap()
+            .num_versions,
+        1
+    );
+    assert_eq!(cfg.instance_group[0].kind, "KIND_CPU");
+    assert_eq!(cfg.instance_group[0].count, 1);
+    assert_eq!(cfg.default_model_filename, "model.onnx");
+}

@@ -1,0 +1,24 @@
+//! `wisp-core`: the vocabulary every Wisp crate shares, with no heavy dependencies.
+//!
+//! - [`datatype`] and [`tensor`]: KServe v2 datatypes and zero-copy tensors.
+//! - [`infer`]: protocol-neutral requests and responses (what front ends decode into).
+//! - [`config`]: `config.pbtxt` parse → auto-complete → normalize → validate.
+//! - [`repository`]: Triton-layout repository scanning and version policies.
+//! - [`backend`]: the `Backend` / `LoadedModel` / `Instance` traits backends implement.
+//! - [`error`]: the closed [`ErrorKind`](error::ErrorKind) front ends map to statuses.
+//!
+//! A request flows: front end decodes → [`infer::InferRequest`] → scheduler → an
+//! [`backend::Instance`] executes a batch → [`infer::InferResponse`] → front end encodes.
+
+pub mod backend;
+pub mod config;
+pub mod datatype;
+pub mod error;
+pub mod infer;
+pub mod repository;
+pub mod tensor;
+
+pub use datatype::DataType;
+pub use error::{Error, ErrorKind, Result};
+pub use infer::{InferRequest, InferResponse, Parameters};
+pub use tensor::Tensor;

@@ -1,0 +1,162 @@
+//! Model repositories laid out as Triton's: `<repo>/<model>/config.pbtxt`, labels files beside
+//! it, and integer version directories `<repo>/<model>/<version>/<model file>`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::config::VersionPolicy;
+use crate::error::{Error, Result};
+
+/// A model directory found in a repository.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelDir {
+    /// Model name (the directory name).
+    pub name: String,
+    /// Path of the model directory.
+    pub path: PathBuf,
+}
+
+/// The result of scanning one or more repositories.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Models found exactly once across all roots.
+    pub models: Vec<ModelDir>,
+    /// Names that cannot be served, with the reason (e.g. in two repositories).
+    pub broken: Vec<(String, Error)>,
+}
+
+/// Lists model directories under each root. A name found in more than one root is unavailable,
+/// as in Triton without `--model-namespacing`. A missing root is an error for the whole scan.
+pub fn scan(roots: &[PathBuf]) -> Result<Scan> {
+    let mut found: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for root in roots {
+        let entries = std::fs::read_dir(root).map_err(|e| {
+            Error::invalid(format!(
+                "model repository '{}' cannot be read: {e}",
+                root.display()
+            ))
+        })?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if name.starts_with('.') || !path.is_dir() {
+                continue;
+            }
+            found.entry(name.to_string()).or_default().push(path);
+        }
+    }
+    let mut scan = Scan::default();
+    for (name, mut paths) in found {
+        if paths.len() == 1 {
+            scan.models.push(ModelDir {
+                name,
+                path: paths.remove(0),
+            });
+        } else {
+            let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+            scan.broken.push((
+                name.clone(),
+                Error::invalid(format!(
+                    "model '{name}' appears in more than one repository: {}",
+                    list.join(", ")
+                )),
+            ));
+        }
+    }
+    Ok(scan)
+}
+
+/// Integer-named version directories of a model, ascending.
+pub fn versions(model_dir: &Path) -> Vec<u64> {
+    let mut out: Vec<u64> = std::fs::read_dir(model_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// The versions a policy serves out of those available, ascending.
+pub fn select_versions(policy: &VersionPolicy, available: &[u64]) -> Result<Vec<u64>> {
+    if let Some(s) = &policy.specific {
+        let mut out = Vec::new();
+        for &v in &s.versions {
+            let v = v as u64;
+            if !available.contains(&v) {
+                return Err(Error::invalid(format!(
+                    "version_policy.specific lists version {v} but there is no directory '{v}'"
+                )));
+            }
+            out.push(v);
+        }
+        out.sort_unstable();
+        out.dedup();
+        return Ok(out);
+    }
+    if policy.all.is_some() {
+        return Ok(available.to_vec());
+    }
+    let n = policy.latest.as_ref().map_or(1, |l| l.num_versions.max(1)) as usize;
+    Ok(available[available.len().saturating_sub(n)..].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Latest, Specific};
+
+    #[test]
+    fn policies_select_versions() {
+        let avail = [1, 2, 5];
+        let latest = |n| VersionPolicy {
+            latest: Some(Latest { num_versions: n }),
+            ..Default::default()
+        };
+        assert_eq!(select_versions(&latest(1), &avail).unwrap(), vec![5]);
+        assert_eq!(select_versions(&latest(2), &avail).unwrap(), vec![2, 5]);
+        assert_eq!(select_versions(&latest(9), &avail).unwrap(), vec![1, 2, 5]);
+        let all = VersionPolicy {
+            all: Some(Default::default()),
+            ..Default::default()
+        };
+        assert_eq!(select_versions(&all, &avail).unwrap(), vec![1, 2, 5]);
+        let spec = |v: Vec<i64>| VersionPolicy {
+            specific: Some(Specific { versions: v }),
+            ..Default::default()
+        };
+        assert_eq!(
+            select_versions(&spec(vec![5, 1]), &avail).unwrap(),
+            vec![1, 5]
+        );
+        assert!(select_versions(&spec(vec![3]), &avail).is_err());
+        assert!(select_versions(&latest(1), &[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn scan_finds_models_and_duplicates() {
+        let a = std::env::temp_dir().join(format!("wisp-scan-a-{}", std::process::id()));
+        let b = std::env::temp_dir().join(format!("wisp-scan-b-{}", std::process::id()));
+        for d in [
+            a.join("m1/1"),
+            a.join("dup/1"),
+            b.join("dup/1"),
+            b.join("m2/3"),
+        ] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::create_dir_all(a.join("m1/notaversion")).unwrap();
+        let s = scan(&[a.clone(), b.clone()]).unwrap();
+        let names: Vec<_> = s.models.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, vec!["m1", "m2"]);
+        assert_eq!(s.broken[0].0, "dup");
+        assert_eq!(versions(&a.join("m1")), vec![1]);
+        assert!(scan(&[a.join("missing")]).is_err());
+        std::fs::remove_dir_all(a).unwrap();
+        std::fs::remove_dir_all(b).unwrap();
+    }
+}

@@ -1,0 +1,278 @@
+//! Tensors as they travel through Wisp: name, datatype, shape and little-endian bytes.
+//!
+//! Data is [`Bytes`], so slicing a request body into tensors, and a batch back into per-request
+//! outputs, never copies. BYTES tensors hold Triton's serialized form: each element is a 4-byte
+//! little-endian length followed by that many bytes.
+
+use bytes::Bytes;
+
+use crate::datatype::DataType;
+use crate::error::{Error, Result};
+
+/// A named tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    /// Tensor name (a model input or output).
+    pub name: String,
+    /// Element type.
+    pub datatype: DataType,
+    /// Full shape, including any batch dimension. Every dim is ≥ 0.
+    pub shape: Vec<i64>,
+    /// Row-major little-endian data (BYTES: length-prefixed elements).
+    pub data: Bytes,
+}
+
+impl Tensor {
+    /// A tensor after checking that `data` holds exactly the elements `shape` calls for.
+    pub fn new(
+        name: impl Into<String>,
+        datatype: DataType,
+        shape: Vec<i64>,
+        data: Bytes,
+    ) -> Result<Self> {
+        let name = name.into();
+        let count = element_count(&shape).map_err(|e| e.context(format!("tensor '{name}'")))?;
+        match datatype.size() {
+            Some(size) => {
+                let expected = count.checked_mul(size).ok_or_else(|| {
+                    Error::invalid(format!("tensor '{name}': shape {shape:?} is too large"))
+                })?;
+                if data.len() != expected {
+                    return Err(Error::invalid(format!(
+                        "tensor '{name}': expected {expected} bytes for {datatype} shape {shape:?}, got {}",
+                        data.len()
+                    )));
+                }
+            }
+            None => {
+                let got = bytes_element_count(&data)
+                    .map_err(|e| e.context(format!("tensor '{name}'")))?;
+                if got != count {
+                    return Err(Error::invalid(format!(
+                        "tensor '{name}': shape {shape:?} needs {count} BYTES elements, got {got}"
+                    )));
+                }
+            }
+        }
+        Ok(Tensor {
+            name,
+            datatype,
+            shape,
+            data,
+        })
+    }
+
+    /// Number of elements.
+    pub fn element_count(&self) -> usize {
+        self.shape.iter().map(|&d| d.max(0) as usize).product()
+    }
+}
+
+/// Number of elements of `shape`, rejecting negative dims and overflow.
+pub fn element_count(shape: &[i64]) -> Result<usize> {
+    let mut n: usize = 1;
+    for &d in shape {
+        if d < 0 {
+            return Err(Error::invalid(format!(
+                "shape {shape:?} has a negative dimension"
+            )));
+        }
+        n = n
+            .checked_mul(d as usize)
+            .ok_or_else(|| Error::invalid(format!("shape {shape:?} is too large")))?;
+    }
+    Ok(n)
+}
+
+/// Serializes byte strings in Triton's BYTES form.
+pub fn encode_bytes_elements<I, B>(items: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = B>,
+    B: AsRef<[u8]>,
+{
+    let mut out = Vec::new();
+    for item in items {
+        let item = item.as_ref();
+        out.extend_from_slice(&(item.len() as u32).to_le_bytes());
+        out.extend_from_slice(item);
+    }
+    out
+}
+
+/// Splits serialized BYTES data into its elements, checking the framing.
+pub fn decode_bytes_elements(data: &[u8]) -> Result<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    let mut rest = data;
+    while !rest.is_empty() {
+        if rest.len() < 4 {
+            return Err(Error::invalid(
+                "BYTES data is truncated: an element length needs 4 bytes",
+            ));
+        }
+        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if rest.len() - 4 < len {
+            return Err(Error::invalid(format!(
+                "BYTES data is truncated: element of {len} bytes but only {} remain",
+                rest.len() - 4
+            )));
+        }
+        out.push(&rest[4..4 + len]);
+        rest = &rest[4 + len..];
+    }
+    Ok(out)
+}
+
+fn bytes_element_count(data: &[u8]) -> Result<usize> {
+    decode_bytes_elements(data).map(|v| v.len())
+}
+
+/// Byte offsets of each element boundary in `t` (len = elements + 1), for slicing by element.
+fn element_offsets(t: &Tensor) -> Result<Vec<usize>> {
+    let n = t.element_count();
+    match t.datatype.size() {
+        Some(size) => Ok((0..=n).map(|i| i * size).collect()),
+        None => {
+            let mut offsets = Vec::with_capacity(n + 1);
+            let mut pos = 0;
+            offsets.push(0);
+            for e in decode_bytes_elements(&t.data)? {
+                pos += 4 + e.len();
+                offsets.push(pos);
+            }
+            Ok(offsets)
+        }
+    }
+}
+
+/// Concatenates tensors along dimension 0 (they must agree on name, type and other dims).
+pub fn concat_batch(parts: &[&Tensor]) -> Result<Tensor> {
+    let first = parts
+        .first()
+        .ok_or_else(|| Error::internal("concat of no tensors"))?;
+    if parts.len() == 1 {
+        return Ok((*first).clone());
+    }
+    let mut batch = 0i64;
+    let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+    for p in parts {
+        if p.datatype != first.datatype
+            || p.shape.len() != first.shape.len()
+            || p.shape.get(1..) != first.shape.get(1..)
+            || p.shape.is_empty()
+        {
+            return Err(Error::invalid(format!(
+                "input '{}': cannot batch shape {:?} {} with shape {:?} {}",
+                first.name, first.shape, first.datatype, p.shape, p.datatype
+            )));
+        }
+        batch += p.shape[0];
+        data.extend_from_slice(&p.data);
+    }
+    let mut shape = first.shape.clone();
+    shape[0] = batch;
+    Ok(Tensor {
+        name: first.name.clone(),
+        datatype: first.datatype,
+        shape,
+        data: data.into(),
+    })
+}
+
+/// Splits `t` along dimension 0 into pieces of `sizes` rows each (zero-copy).
+pub fn split_batch(t: &Tensor, sizes: &[usize]) -> Result<Vec<Tensor>> {
+    let rows = *t
+        .shape
+        .first()
+        .ok_or_else(|| Error::internal(format!("output '{}' has no batch dimension", t.name)))?
+        as usize;
+    if sizes.iter().sum::<usize>() != rows {
+        return Err(Error::internal(format!(
+            "output '{}' has {rows} batch rows but the batch holds {}",
+            t.name,
+            sizes.iter().sum::<usize>()
+        )));
+    }
+    let per_row = t.element_count().checked_div(rows).unwrap_or(0);
+    let offsets = element_offsets(t)?;
+    let mut out = Vec::with_capacity(sizes.len());
+    let mut row = 0;
+    for &s in sizes {
+        let (a, b) = (offsets[row * per_row], offsets[(row + s) * per_row]);
+        let mut shape = t.shape.clone();
+        shape[0] = s as i64;
+        out.push(Tensor {
+            name: t.name.clone(),
+            datatype: t.datatype,
+            shape,
+            data: t.data.slice(a..b),
+        });
+        row += s;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32s(name: &str, shape: Vec<i64>, v: &[f32]) -> Tensor {
+        let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Tensor::new(name, DataType::Fp32, shape, data.into()).unwrap()
+    }
+
+    #[test]
+    fn new_checks_byte_size() {
+        assert!(Tensor::new("x", DataType::Fp32, vec![2, 2], vec![0; 16].into()).is_ok());
+        let e = Tensor::new("x", DataType::Fp32, vec![2, 2], vec![0; 15].into()).unwrap_err();
+        assert!(e.message().contains("expected 16 bytes"), "{e}");
+        let e = Tensor::new("x", DataType::Fp32, vec![-1, 2], vec![].into()).unwrap_err();
+        assert!(e.message().contains("negative"), "{e}");
+        let e = Tensor::new("x", DataType::Int8, vec![i64::MAX, 4], vec![].into()).unwrap_err();
+        assert!(e.message().contains("too large"), "{e}");
+    }
+
+    #[test]
+    fn bytes_round_trip_and_truncation() {
+        let enc = encode_bytes_elements(["ab", "", "xyz"]);
+        assert_eq!(
+            decode_bytes_elements(&enc).unwrap(),
+            vec![&b"ab"[..], b"", b"xyz"]
+        );
+        assert!(Tensor::new("s", DataType::Bytes, vec![3], enc.clone().into()).is_ok());
+        assert!(Tensor::new("s", DataType::Bytes, vec![2], enc.clone().into()).is_err());
+        let e = decode_bytes_elements(&enc[..enc.len() - 1]).unwrap_err();
+        assert!(e.message().contains("truncated"));
+        assert!(decode_bytes_elements(&[1, 0]).is_err());
+    }
+
+    #[test]
+    fn concat_and_split() {
+        let a = f32s("x", vec![1, 2], &[1.0, 2.0]);
+        let b = f32s("x", vec![2, 2], &[3.0, 4.0, 5.0, 6.0]);
+        let c = concat_batch(&[&a, &b]).unwrap();
+        assert_eq!(c.shape, vec![3, 2]);
+        let parts = split_batch(&c, &[1, 2]).unwrap();
+        assert_eq!(parts[0], a);
+        assert_eq!(parts[1], b);
+        assert!(split_batch(&c, &[1, 1]).is_err());
+        let bad = f32s("x", vec![1, 1], &[1.0]);
+        assert!(concat_batch(&[&a, &bad]).is_err());
+    }
+
+    #[test]
+    fn split_bytes_tensor() {
+        let t = Tensor::new(
+            "s",
+            DataType::Bytes,
+            vec![3, 1],
+            encode_bytes_elements(["a", "bb", "ccc"]).into(),
+        )
+        .unwrap();
+        let parts = split_batch(&t, &[2, 1]).unwrap();
+        assert_eq!(
+            decode_bytes_elements(&parts[1].data).unwrap(),
+            vec![&b"ccc"[..]]
+        );
+        assert_eq!(parts[0].shape, vec![2, 1]);
+    }
+}

@@ -1,0 +1,189 @@
+use super::*;
+use wisp_core::config::{normalize, parse_pbtxt};
+
+fn cfg() -> ModelConfig {
+    let mut c = parse_pbtxt(
+        "m",
+        r#"
+        platform: "onnxruntime_onnx"
+        max_batch_size: 4
+        input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]
+        "#,
+    )
+    .unwrap();
+    normalize(&mut c, "m", std::path::Path::new("/nonexistent"));
+    c
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn err(body: &str, header: Option<usize>) -> String {
+    decode(Bytes::from(body.to_string()), header, &cfg())
+        .unwrap_err()
+        .message()
+        .to_string()
+}
+
+#[test]
+fn json_nested_and_flat_data() {
+    for data in ["[[1, 2]]", "[1, 2]"] {
+        let body = format!(
+            r#"{{"id":"r1","inputs":[{{"name":"x","shape":[1,2],"datatype":"FP32","data":{data}}}]}}"#
+        );
+        let d = decode(body.into(), None, &cfg()).unwrap();
+        assert_eq!(d.request.id, "r1");
+        assert_eq!(&d.request.inputs[0].data[..], &f32_bytes(&[1.0, 2.0])[..]);
+    }
+}
+
+#[test]
+fn binary_round_trip() {
+    let json = r#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","parameters":{"binary_data_size":16}}],"outputs":[{"name":"y","parameters":{"binary_data":true}}]}"#;
+    let mut body = json.as_bytes().to_vec();
+    body.extend(f32_bytes(&[1.0, 2.0, 3.0, 4.0]));
+    let d = decode(body.into(), Some(json.len()), &cfg()).unwrap();
+    assert_eq!(d.request.inputs[0].shape, vec![2, 2]);
+    assert_eq!(d.outputs[0].binary, Some(true));
+    let out = Tensor::new(
+        "y",
+        DataType::Fp32,
+        vec![2, 3],
+        f32_bytes(&[1., 2., 3., 4., 5., 6.]).into(),
+    )
+    .unwrap();
+    let enc = encode(InferResponse { outputs: vec![out] }, &d, &cfg(), 1, &|_| {
+        None
+    })
+    .unwrap();
+    let n = enc.header_len.unwrap();
+    let head: Value = serde_json::from_slice(&enc.body[..n]).unwrap();
+    assert_eq!(head["outputs"][0]["parameters"]["binary_data_size"], 24);
+    assert_eq!(&enc.body[n..], &f32_bytes(&[1., 2., 3., 4., 5., 6.])[..]);
+}
+
+#[test]
+fn truncated_and_wrong_lengths() {
+    let json = r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","parameters":{"binary_data_size":8}}]}"#;
+    let mut body = json.as_bytes().to_vec();
+    body.extend([0u8; 4]); // truncated: 4 of 8 bytes
+    let e = decode(body.clone().into(), Some(json.len()), &cfg()).unwrap_err();
+    assert!(e.message().contains("only 4 bytes"), "{e}");
+    // header length beyond the body
+    let e = decode(body.clone().into(), Some(body.len() + 1), &cfg()).unwrap_err();
+    assert!(
+        e.message().contains("Inference-Header-Content-Length"),
+        "{e}"
+    );
+    // leftover binary
+    let mut body = json.as_bytes().to_vec();
+    body.extend([0u8; 12]);
+    let e = decode(body.into(), Some(json.len()), &cfg()).unwrap_err();
+    assert!(e.message().contains("no input claimed"), "{e}");
+    // binary size disagrees with the shape
+    let json = r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","parameters":{"binary_data_size":4}}]}"#;
+    let mut body = json.as_bytes().to_vec();
+    body.extend([0u8; 4]);
+    let e = decode(body.into(), Some(json.len()), &cfg()).unwrap_err();
+    assert!(e.message().contains("expected 8 bytes"), "{e}");
+    // header length cutting the JSON
+    let e = decode(Bytes::from(json.to_string()), Some(10), &cfg()).unwrap_err();
+    assert!(e.message().contains("malformed JSON"), "{e}");
+}
+
+#[test]
+fn validation_names_the_field() {
+    let ok = |s: &str| {
+        format!(r#"{{"inputs":[{{"name":"x","shape":{s},"datatype":"FP32","data":[1,2]}}]}}"#)
+    };
+    assert!(err(&ok("[2]"), None).contains("Expected [-1, 2], got [2]"));
+    assert!(err(&ok("[1,3]"), None).contains("'data' has 2 elements but the shape needs 3"));
+    let five = r#"{"inputs":[{"name":"x","shape":[5,2],"datatype":"FP32","data":[1,2,3,4,5,6,7,8,9,10]}]}"#;
+    assert!(err(five, None).contains("batch size 5 is outside 1..=4"));
+    assert!(err(
+        r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP64","data":[1,2]}]}"#,
+        None
+    )
+    .contains("expects 'FP32'"));
+    assert!(err(
+        r#"{"inputs":[{"name":"z","shape":[1,2],"datatype":"FP32","data":[1,2]}]}"#,
+        None
+    )
+    .contains("unexpected inference input 'z'"));
+    assert!(err(r#"{"inputs":[]}"#, None).contains("missing input 'x'"));
+    assert!(err(
+        r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32"}]}"#,
+        None
+    )
+    .contains("neither 'data'"));
+    assert!(err(
+        r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":["a",2]}]}"#,
+        None
+    )
+    .contains("data[0]"));
+    assert!(err(
+        r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FLOAT","data":[1,2]}]}"#,
+        None
+    )
+    .contains("unknown datatype"));
+    assert!(err(
+        r#"{"inputs":[{"name":"x","shape":[1,-2],"datatype":"FP32","data":[1,2]}]}"#,
+        None
+    )
+    .contains("'shape'"));
+    assert!(err(r#"{"inputs": [1"#, None).contains("malformed JSON"));
+    assert!(err(r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[1,2]}],"outputs":[{"name":"q"}]}"#, None).contains("unexpected inference output 'q'"));
+}
+
+#[test]
+fn int_ranges_are_checked() {
+    let e = json_to_bytes(DataType::Uint8, &serde_json::json!([256]), 1).unwrap_err();
+    assert!(e.message().contains("not a valid UINT8"));
+    let b = json_to_bytes(DataType::Int64, &serde_json::json!([-5]), 1).unwrap();
+    assert_eq!(b, (-5i64).to_le_bytes());
+    let b = json_to_bytes(DataType::Bool, &serde_json::json!([true, false]), 2).unwrap();
+    assert_eq!(b, vec![1, 0]);
+    let b = json_to_bytes(DataType::Bytes, &serde_json::json!(["hi"]), 1).unwrap();
+    assert_eq!(b, encode_bytes_elements(["hi"]));
+}
+
+#[test]
+fn raw_binary_body() {
+    let d = decode(f32_bytes(&[1.0, 2.0]).into(), Some(0), &cfg()).unwrap();
+    assert_eq!(d.request.inputs[0].shape, vec![1, 2]);
+    assert!(d.binary_default);
+    let e = decode(f32_bytes(&[1.0, 2.0, 3.0]).into(), Some(0), &cfg()).unwrap_err();
+    assert!(e.message().contains("expected 8 bytes"), "{e}");
+}
+
+#[test]
+fn classification_top_k_with_labels() {
+    let t = Tensor::new(
+        "y",
+        DataType::Fp32,
+        vec![2, 3],
+        f32_bytes(&[0.1, 0.7, 0.2, 0.5, 0.1, 0.4]).into(),
+    )
+    .unwrap();
+    let labels = vec!["a".to_string(), "b".into(), "c".into()];
+    let c = classify(&t, 2, true, Some(&labels)).unwrap();
+    assert_eq!(c.shape, vec![2, 2]);
+    let items: Vec<String> = decode_bytes_elements(&c.data)
+        .unwrap()
+        .iter()
+        .map(|b| String::from_utf8(b.to_vec()).unwrap())
+        .collect();
+    assert_eq!(
+        items,
+        vec![
+            "0.700000:1:b",
+            "0.200000:2:c",
+            "0.500000:0:a",
+            "0.400000:2:c"
+        ]
+    );
+    let c = classify(&t, 10, true, None).unwrap();
+    assert_eq!(c.shape, vec![2, 3]);
+}

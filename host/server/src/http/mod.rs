@@ -1,0 +1,258 @@
+//! The HTTP/REST front end: every KServe v2 route this server supports, dispatched from the
+//! path as Triton's `http_server.cc` does (model names may hold any character but `/`).
+//!
+//! Request flow for `POST /v2/models/{m}[/versions/{v}]/infer`: read the body (bounded by
+//! `--http-max-input-size`, gzip/deflate decoded), resolve the model version, decode and
+//! validate ([`codec::decode`]), await the scheduler, encode ([`codec::encode`]).
+
+pub mod codec;
+pub mod error;
+
+use std::io::Read;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{json, Value};
+use wisp_core::config::config_to_json;
+use wisp_core::{DataType, Error};
+
+use crate::registry::{ModelEntry, Registry, VersionState};
+use error::ApiError;
+
+/// The header carrying the JSON length when binary tensor data follows it.
+pub const HEADER_LEN: &str = "inference-header-content-length";
+
+/// Extensions this server implements (reported by `GET /v2`).
+pub const EXTENSIONS: &[&str] = &[
+    "classification",
+    "binary_tensor_data",
+    "model_configuration",
+    "parameters",
+];
+
+/// Shared state of the HTTP front end.
+pub struct AppState {
+    /// Loaded models.
+    pub registry: Arc<Registry>,
+    /// Largest accepted body (after decompression).
+    pub max_input_size: usize,
+    /// Ready only if every model is ready.
+    pub strict_readiness: bool,
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// The router: one fallback handler that dispatches on the path.
+pub fn router(state: Arc<AppState>) -> axum::Router {
+    axum::Router::new().fallback(dispatch).with_state(state)
+}
+
+async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    let method = req.method().clone();
+    let result = match (segs.as_slice(), &method) {
+        (["v2"], &Method::GET) => Ok(server_metadata()),
+        (["v2", "health", "live"], &Method::GET) => Ok(StatusCode::OK.into_response()),
+        (["v2", "health", "ready"], &Method::GET) => Ok(server_ready(&app)),
+        (["v2", "models", rest @ ..], _) if !rest.is_empty() => {
+            model_route(&app, rest, &method, req).await
+        }
+        _ if segs.first() == Some(&"v2") => Err(ApiError(Error::not_found(format!(
+            "no route for {method} {path}"
+        )))),
+        _ => Err(ApiError(Error::not_found(format!(
+            "no route for {method} {path}"
+        )))),
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn model_route(app: &AppState, rest: &[&str], method: &Method, req: Request) -> ApiResult {
+    // {m} | {m}/versions/{v} , then optional action
+    let (model, version, action) = match rest {
+        [m] => (*m, None, None),
+        [m, a] => (*m, None, Some(*a)),
+        [m, "versions", v] => (*m, Some(*v), None),
+        [m, "versions", v, a] => (*m, Some(*v), Some(*a)),
+        _ => return Err(Error::not_found("no such model route").into()),
+    };
+    match (action, method) {
+        (None, &Method::GET) => model_metadata(app, model, version),
+        (Some("ready"), &Method::GET) => Ok(model_ready(app, model, version)),
+        (Some("config"), &Method::GET) => model_config(app, model, version),
+        (Some("infer"), &Method::POST) => infer(app, model, version, req).await,
+        (Some("ready" | "config"), _) | (None, _) => Err(method_not_allowed(method, "GET")),
+        (Some("infer"), _) => Err(method_not_allowed(method, "POST")),
+        (Some(other), _) => Err(Error::not_found(format!("unknown model action '{other}'")).into()),
+    }
+}
+
+fn method_not_allowed(got: &Method, want: &str) -> ApiError {
+    ApiError(Error::invalid(format!(
+        "method {got} not allowed here, use {want}"
+    )))
+}
+
+fn json_response(v: Value) -> Response {
+    axum::Json(v).into_response()
+}
+
+fn server_metadata() -> Response {
+    json_response(json!({
+        "name": "wisp",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": EXTENSIONS,
+    }))
+}
+
+fn server_ready(app: &AppState) -> Response {
+    let ready = !app.strict_readiness || app.registry.all_ready();
+    if ready {
+        StatusCode::OK.into_response()
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE.into_response()
+    }
+}
+
+fn model_ready(app: &AppState, model: &str, version: Option<&str>) -> Response {
+    match app.registry.get(model, version) {
+        Ok(_) => StatusCode::OK.into_response(),
+        Err(e) if e.kind() == wisp_core::ErrorKind::NotFound => ApiError(e).into_response(),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+fn tensor_meta(name: &str, data_type: &str, dims: &[i64], batches: bool) -> Value {
+    let dt = DataType::from_config_name(data_type).map_or("INVALID", |d| d.as_str());
+    let shape: Vec<i64> = if batches {
+        std::iter::once(-1).chain(dims.iter().copied()).collect()
+    } else {
+        dims.to_vec()
+    };
+    json!({ "name": name, "datatype": dt, "shape": shape })
+}
+
+fn ready_versions(entry: &ModelEntry) -> Vec<String> {
+    entry
+        .versions
+        .iter()
+        .filter(|(_, s)| matches!(s, VersionState::Ready(_)))
+        .map(|(v, _)| v.to_string())
+        .collect()
+}
+
+fn model_metadata(app: &AppState, model: &str, version: Option<&str>) -> ApiResult {
+    let m = app.registry.get(model, version)?;
+    let entry = app.registry.entry(model)?;
+    let cfg = &m.config;
+    let versions = match version {
+        Some(v) => vec![v.to_string()],
+        None => ready_versions(entry),
+    };
+    Ok(json_response(json!({
+        "name": cfg.name,
+        "versions": versions,
+        "platform": cfg.platform,
+        "inputs": cfg.input.iter().map(|i| tensor_meta(&i.name, &i.data_type, &i.dims, cfg.batches())).collect::<Vec<_>>(),
+        "outputs": cfg.output.iter().map(|o| tensor_meta(&o.name, &o.data_type, &o.dims, cfg.batches())).collect::<Vec<_>>(),
+        "parameters": { "engine": m.engine },
+    })))
+}
+
+fn model_config(app: &AppState, model: &str, version: Option<&str>) -> ApiResult {
+    let m = app.registry.get(model, version)?;
+    Ok(json_response(config_to_json(&m.config)))
+}
+
+/// Reads the body, bounded by `limit`, decoding gzip/deflate.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Error> {
+    let too_big = || {
+        Error::invalid(format!(
+            "request body exceeds the maximum of {limit} bytes (--http-max-input-size)"
+        ))
+    };
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        if len > limit {
+            return Err(too_big());
+        }
+    }
+    let raw = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let msg = e.to_string();
+        if msg.contains("length limit") {
+            too_big()
+        } else {
+            Error::invalid(format!("cannot read request body: {msg}"))
+        }
+    })?;
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim().to_ascii_lowercase());
+    let decoder: Box<dyn Read> = match encoding.as_deref() {
+        None | Some("") | Some("identity") => return Ok(raw),
+        Some("gzip") => Box::new(flate2::read::GzDecoder::new(&raw[..])),
+        Some("deflate") => Box::new(flate2::read::ZlibDecoder::new(&raw[..])),
+        Some(other) => {
+            return Err(Error::unsupported(format!(
+                "unsupported Content-Encoding '{other}' (use gzip or deflate)"
+            )))
+        }
+    };
+    let mut out = Vec::new();
+    decoder
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::invalid(format!("cannot decompress request body: {e}")))?;
+    if out.len() > limit {
+        return Err(too_big());
+    }
+    Ok(out.into())
+}
+
+async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request) -> ApiResult {
+    let m = app.registry.get(model, version)?;
+    let (parts, body) = req.into_parts();
+    let header_len = match parts.headers.get(HEADER_LEN) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| {
+                    Error::invalid("Inference-Header-Content-Length must be a non-negative integer")
+                })?,
+        ),
+    };
+    let body = read_body(&parts.headers, body, app.max_input_size).await?;
+    let decoded = codec::decode(body, header_len, &m.config)?;
+    let response = m.infer(decoded.request.clone()).await?;
+    let labels = |name: &str| m.labels.get(name).cloned();
+    let enc = codec::encode(response, &decoded, &m.config, m.version, &labels)?;
+    let mut resp = Response::new(Body::from(enc.body));
+    let h = resp.headers_mut();
+    match enc.header_len {
+        Some(n) => {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            h.insert(HEADER_LEN, HeaderValue::from(n));
+        }
+        None => {
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+    }
+    Ok(resp)
+}

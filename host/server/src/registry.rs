@@ -1,0 +1,380 @@
+//! Model lifecycle: every model of the repositories is loaded at start-up (in parallel), each
+//! version behind its own scheduler. A broken model or version is kept as UNAVAILABLE with its
+//! reason and never stops the others from loading.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use wisp_core::backend::Backend;
+use wisp_core::config::{self, ModelConfig};
+use wisp_core::repository::{self, ModelDir};
+use wisp_core::{Error, InferRequest, InferResponse, Result};
+use wisp_scheduler::Scheduler;
+
+/// One loaded, ready model version.
+pub struct ModelVersion {
+    /// Model name.
+    pub name: String,
+    /// Version number.
+    pub version: u64,
+    /// The normalized, auto-completed, validated config.
+    pub config: Arc<ModelConfig>,
+    /// Labels per output name (from `label_filename`).
+    pub labels: HashMap<String, Arc<Vec<String>>>,
+    /// The engine that runs it.
+    pub engine: String,
+    scheduler: Scheduler,
+}
+
+impl ModelVersion {
+    /// Runs one request through the scheduler and waits for its response without blocking the
+    /// async runtime.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.scheduler.enqueue(
+            request,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )?;
+        rx.await.map_err(|_| {
+            Error::internal(format!(
+                "model '{}' dropped the request without answering",
+                self.name
+            ))
+        })?
+    }
+
+    /// Stops the scheduler after it drains its queue (blocking).
+    fn stop(&self) {
+        self.scheduler.stop();
+    }
+}
+
+/// A version's state.
+#[derive(Clone)]
+pub enum VersionState {
+    /// Serving.
+    Ready(Arc<ModelVersion>),
+    /// Failed to load, with the reason.
+    Unavailable(String),
+}
+
+/// A model and its versions.
+#[derive(Clone)]
+pub struct ModelEntry {
+    /// Model name.
+    pub name: String,
+    /// Versions selected by the version policy.
+    pub versions: BTreeMap<u64, VersionState>,
+    /// Why the whole model failed (bad config, no versions...), if it did.
+    pub error: Option<String>,
+}
+
+impl ModelEntry {
+    fn broken(name: &str, reason: impl std::fmt::Display) -> Self {
+        ModelEntry {
+            name: name.to_string(),
+            versions: BTreeMap::new(),
+            error: Some(reason.to_string()),
+        }
+    }
+
+    /// The model is ready when it has at least one ready version and no model-level error.
+    pub fn is_ready(&self) -> bool {
+        self.error.is_none()
+            && self
+                .versions
+                .values()
+                .any(|v| matches!(v, VersionState::Ready(_)))
+    }
+
+    /// Why the model is not ready.
+    pub fn reason(&self) -> String {
+        if let Some(e) = &self.error {
+            return e.clone();
+        }
+        let reasons: Vec<String> = self
+            .versions
+            .iter()
+            .filter_map(|(v, s)| match s {
+                VersionState::Unavailable(r) => Some(format!("version {v}: {r}")),
+                VersionState::Ready(_) => None,
+            })
+            .collect();
+        reasons.join("; ")
+    }
+}
+
+/// Options for loading.
+pub struct LoadOptions {
+    /// Fill missing config from the model file.
+    pub autocomplete: bool,
+    /// Parallel loads.
+    pub threads: usize,
+}
+
+/// All models of the server.
+pub struct Registry {
+    models: BTreeMap<String, ModelEntry>,
+}
+
+impl Registry {
+    /// Scans the repositories and loads every model (blocking; run off the async runtime).
+    pub fn load(
+        roots: &[std::path::PathBuf],
+        backend: &dyn Backend,
+        opts: &LoadOptions,
+    ) -> Result<Self> {
+        let scan = repository::scan(roots)?;
+        let mut models: BTreeMap<String, ModelEntry> = scan
+            .broken
+            .into_iter()
+            .map(|(n, e)| (n.clone(), ModelEntry::broken(&n, e)))
+            .collect();
+        let queue = Mutex::new(scan.models);
+        let done = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..opts.threads.max(1) {
+                s.spawn(|| loop {
+                    let Some(dir) = queue.lock().expect("load queue").pop() else {
+                        return;
+                    };
+                    let entry = load_model(&dir, backend, opts);
+                    done.lock().expect("load results").push(entry);
+                });
+            }
+        });
+        for entry in done.into_inner().expect("load results") {
+            models.insert(entry.name.clone(), entry);
+        }
+        Ok(Registry { models })
+    }
+
+    /// Every model, by name.
+    pub fn models(&self) -> &BTreeMap<String, ModelEntry> {
+        &self.models
+    }
+
+    /// Whether every model is ready.
+    pub fn all_ready(&self) -> bool {
+        self.models.values().all(ModelEntry::is_ready)
+    }
+
+    /// The model entry, or NOT_FOUND.
+    pub fn entry(&self, name: &str) -> Result<&ModelEntry> {
+        self.models
+            .get(name)
+            .ok_or_else(|| Error::not_found(format!("unknown model: '{name}'")))
+    }
+
+    /// The ready version to serve: `version` if given, else the highest ready one.
+    pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelVersion>> {
+        let entry = self.entry(name)?;
+        if let Some(e) = &entry.error {
+            return Err(Error::unavailable(format!(
+                "model '{name}' is not ready: {e}"
+            )));
+        }
+        match version.filter(|v| !v.is_empty()) {
+            Some(v) => {
+                let n: u64 = v.parse().map_err(|_| {
+                    Error::invalid(format!(
+                        "version '{v}' of model '{name}' is not a non-negative integer"
+                    ))
+                })?;
+                match entry.versions.get(&n) {
+                    Some(VersionState::Ready(m)) => Ok(m.clone()),
+                    Some(VersionState::Unavailable(r)) => Err(Error::unavailable(format!(
+                        "version {n} of model '{name}' is not ready: {r}"
+                    ))),
+                    None => Err(Error::not_found(format!(
+                        "unknown version {n} of model '{name}' (served: {})",
+                        versions_list(entry)
+                    ))),
+                }
+            }
+            None => entry
+                .versions
+                .values()
+                .rev()
+                .find_map(|s| match s {
+                    VersionState::Ready(m) => Some(m.clone()),
+                    VersionState::Unavailable(_) => None,
+                })
+                .ok_or_else(|| {
+                    Error::unavailable(format!(
+                        "model '{name}' has no ready version: {}",
+                        entry.reason()
+                    ))
+                }),
+        }
+    }
+
+    /// Stops every scheduler after draining (blocking).
+    pub fn shutdown(&self) {
+        for entry in self.models.values() {
+            for state in entry.versions.values() {
+                if let VersionState::Ready(m) = state {
+                    m.stop();
+                }
+            }
+        }
+    }
+}
+
+fn versions_list(entry: &ModelEntry) -> String {
+    let v: Vec<String> = entry.versions.keys().map(u64::to_string).collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// Loads one model; failures are recorded in the entry, never returned.
+fn load_model(dir: &ModelDir, backend: &dyn Backend, opts: &LoadOptions) -> ModelEntry {
+    let start = Instant::now();
+    let name = dir.name.as_str();
+    let cfg = match prepare_config(dir, backend, opts.autocomplete) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            tracing::error!(model = name, error = %e, "model failed to load");
+            return ModelEntry::broken(name, e);
+        }
+    };
+    for field in cfg.unsupported_fields() {
+        tracing::warn!(
+            model = name,
+            field,
+            "config field is valid Triton but not supported by Wisp; ignored"
+        );
+    }
+    let mut labels = HashMap::new();
+    for o in cfg.output.iter().filter(|o| !o.label_filename.is_empty()) {
+        match config::read_labels(&dir.path.join(&o.label_filename)) {
+            Ok(l) => {
+                labels.insert(o.name.clone(), Arc::new(l));
+            }
+            Err(e) => {
+                return ModelEntry::broken(
+                    name,
+                    format!("cannot read labels file '{}': {e}", o.label_filename),
+                )
+            }
+        }
+    }
+    let policy = cfg.version_policy.clone().unwrap_or_default();
+    let selected = match repository::select_versions(&policy, &repository::versions(&dir.path)) {
+        Ok(v) if v.is_empty() => {
+            return ModelEntry::broken(
+                name,
+                format!("no version directory (e.g. '1/') in {}", dir.path.display()),
+            )
+        }
+        Ok(v) => v,
+        Err(e) => return ModelEntry::broken(name, e),
+    };
+    let mut versions = BTreeMap::new();
+    for v in selected {
+        let state = match load_version(dir, v, &cfg, &labels, backend) {
+            Ok(m) => {
+                tracing::info!(
+                    model = name,
+                    version = v,
+                    engine = %m.engine,
+                    secs = start.elapsed().as_secs_f64(),
+                    "model version ready"
+                );
+                VersionState::Ready(Arc::new(m))
+            }
+            Err(e) => {
+                tracing::error!(model = name, version = v, error = %e, "model version failed to load");
+                VersionState::Unavailable(e.to_string())
+            }
+        };
+        versions.insert(v, state);
+    }
+    ModelEntry {
+        name: name.to_string(),
+        versions,
+        error: None,
+    }
+}
+
+/// Reads, normalizes, auto-completes and validates one model's config (what loading does before
+/// creating instances; the benchmark uses it to call a backend directly).
+pub fn prepare_config(
+    dir: &ModelDir,
+    backend: &dyn Backend,
+    autocomplete: bool,
+) -> Result<ModelConfig> {
+    let name = dir.name.as_str();
+    let path = dir.path.join("config.pbtxt");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && autocomplete => String::new(),
+        Err(e) => {
+            return Err(Error::invalid(format!(
+                "cannot read {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    let mut cfg = config::parse_pbtxt(name, &text)?;
+    config::normalize(&mut cfg, name, &dir.path);
+    if autocomplete && cfg.is_onnx() {
+        let latest = repository::select_versions(
+            cfg.version_policy.as_ref().expect("normalized"),
+            &repository::versions(&dir.path),
+        )?;
+        if let Some(v) = latest.last() {
+            let file = model_file(&dir.path, *v, &cfg);
+            if file.is_file() {
+                let io = backend.describe(&file)?;
+                config::autocomplete(&mut cfg, &io, config::sets_max_batch_size(&text));
+                config::normalize(&mut cfg, name, &dir.path);
+            }
+        }
+    }
+    config::validate(&cfg, name, &dir.path)?;
+    Ok(cfg)
+}
+
+/// The model file of `version`.
+pub fn model_file(model_dir: &Path, version: u64, cfg: &ModelConfig) -> std::path::PathBuf {
+    model_dir
+        .join(version.to_string())
+        .join(&cfg.default_model_filename)
+}
+
+fn load_version(
+    dir: &ModelDir,
+    version: u64,
+    cfg: &Arc<ModelConfig>,
+    labels: &HashMap<String, Arc<Vec<String>>>,
+    backend: &dyn Backend,
+) -> Result<ModelVersion> {
+    let file = model_file(&dir.path, version, cfg);
+    if !file.is_file() {
+        return Err(Error::not_found(format!(
+            "model file {} not found",
+            file.display()
+        )));
+    }
+    let loaded = backend.load(cfg, &file)?;
+    let instances = (0..cfg.instance_count())
+        .map(|i| loaded.new_instance(i))
+        .collect::<Result<Vec<_>>>()?;
+    let scheduler = Scheduler::start(&dir.name, instances)?;
+    Ok(ModelVersion {
+        name: dir.name.clone(),
+        version,
+        config: cfg.clone(),
+        labels: labels.clone(),
+        engine: loaded.engine().to_string(),
+        scheduler,
+    })
+}

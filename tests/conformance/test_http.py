@@ -1,0 +1,115 @@
+"""Conformance with NVIDIA's real `tritonclient[http]`: the calls a Triton user makes, unchanged."""
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+@pytest.fixture
+def client(server):
+    c = httpclient.InferenceServerClient(url=server["url"])
+    yield c
+    c.close()
+
+
+def test_health_and_server_metadata(client):
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta["name"] == "wisp"
+    assert "binary_tensor_data" in meta["extensions"]
+    assert "classification" in meta["extensions"]
+
+
+def test_model_metadata_and_config(client, server):
+    assert client.is_model_ready("add_sub")
+    assert client.is_model_ready("add_sub", "1")
+    meta = client.get_model_metadata("add_sub")
+    assert meta["name"] == "add_sub"
+    assert meta["versions"] == ["1"]
+    assert meta["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": [-1, 16]}
+    assert meta["parameters"]["engine"] == server["engine"]
+    cfg = client.get_model_config("classifier")
+    assert cfg["max_batch_size"] == 4
+    assert cfg["input"][0]["name"] == "x"
+    assert cfg["output"][0]["label_filename"] == "labels.txt"
+
+
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize("compression", [None, "gzip", "deflate"])
+def test_infer_add_sub(client, binary, compression):
+    a = np.arange(32, dtype=np.float32).reshape(2, 16)
+    b = np.ones((2, 16), dtype=np.float32)
+    inputs = [httpclient.InferInput("INPUT0", [2, 16], "FP32"), httpclient.InferInput("INPUT1", [2, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a, binary_data=binary)
+    inputs[1].set_data_from_numpy(b, binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary),
+               httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary)]
+    res = client.infer("add_sub", inputs, outputs=outputs, request_id="req-7",
+                       request_compression_algorithm=compression)
+    np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(res.as_numpy("OUTPUT1"), a - b)
+    assert res.get_response()["id"] == "req-7"
+    assert res.get_response()["model_version"] == "1"
+
+
+def test_infer_all_datatypes_binary(client):
+    types = {"BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+             "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+             "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+    inputs, data = [], {}
+    for name, t in types.items():
+        arr = (np.arange(8).reshape(2, 4) % 2).astype(t) if t is np.bool_ else np.arange(8).reshape(2, 4).astype(t)
+        data[name] = arr
+        i = httpclient.InferInput(f"IN_{name}", [2, 4], name)
+        i.set_data_from_numpy(arr, binary_data=True)
+        inputs.append(i)
+    res = client.infer("dtypes", inputs)
+    for name, arr in data.items():
+        np.testing.assert_array_equal(res.as_numpy(f"OUT_{name}"), arr)
+
+
+def test_infer_bytes(client):
+    arr = np.array([[b"hello", b"w\xc3\xb6rld"]], dtype=np.object_)
+    i = httpclient.InferInput("text", [1, 2], "BYTES")
+    i.set_data_from_numpy(arr, binary_data=True)
+    res = client.infer("strings", [i])
+    np.testing.assert_array_equal(res.as_numpy("same"), arr)
+
+
+def test_classification(client):
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+    i = httpclient.InferInput("x", [2, 8], "FP32")
+    i.set_data_from_numpy(x)
+    out = httpclient.InferRequestedOutput("probs", class_count=3)
+    res = client.infer("classifier", [i], outputs=[out])
+    top = res.as_numpy("probs")
+    assert top.shape == (2, 3)
+    for row in top:
+        scores = [float(s.decode().split(":")[0]) for s in row]
+        assert scores == sorted(scores, reverse=True)
+        assert all(s.decode().split(":")[2] in ("cat", "dog", "bird", "fish") for s in row)
+
+
+def test_errors(client):
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_metadata("missing_model")
+    assert e.value.status() == "404"
+    assert "missing_model" in e.value.message()
+    bad = httpclient.InferInput("INPUT0", [1, 15], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 15), dtype=np.float32))
+    good = httpclient.InferInput("INPUT1", [1, 16], "FP32")
+    good.set_data_from_numpy(np.zeros((1, 16), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", [bad, good])
+    assert e.value.status() == "400"
+    assert "INPUT0" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", [good])
+    assert "INPUT0" in e.value.message()
+    wrong_type = httpclient.InferInput("x", [1, 8], "INT32")
+    wrong_type.set_data_from_numpy(np.zeros((1, 8), dtype=np.int32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("classifier", [wrong_type])
+    assert "expects 'FP32'" in e.value.message()
+    assert client.is_server_live()

@@ -1,0 +1,6 @@
+//! Wisp's integration tests: the real server on 127.0.0.1:0, real sockets, real models.
+//! One binary (`mod` lines below) so it links once.
+
+mod common;
+mod http_api;
+mod models;

@@ -1,0 +1,201 @@
+//! Every fixture model, on both engines, against the outputs ONNX Runtime computed in Python
+//! (tests/fixtures/make_fixtures.py → expected.json); and the real pretrained demo model.
+
+use serde_json::{json, Value};
+use wisp_server::settings::OnnxEngine;
+use wisp_tests::{binary_request, f32_bytes, f32_values, fixture_repo, workspace_root, Client};
+
+use crate::common::{start, ENGINES};
+
+fn max_abs_diff(got: &[Value], want: &[Value]) -> f64 {
+    assert_eq!(got.len(), want.len(), "element counts differ");
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| match (g, w) {
+            (Value::Number(g), Value::Number(w)) => {
+                (g.as_f64().unwrap() - w.as_f64().unwrap()).abs()
+            }
+            (g, w) => {
+                if g == w {
+                    0.0
+                } else {
+                    f64::INFINITY
+                }
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixtures_match_onnxruntime_outputs_on_both_engines() {
+    let repo = fixture_repo();
+    for engine in ENGINES {
+        let server = start(&repo, engine).await;
+        let mut c = Client::connect(server.http_addr()).await.unwrap();
+        for model in ["add_sub", "classifier", "no_batch", "dtypes", "strings"] {
+            let expected: Value = serde_json::from_str(
+                &std::fs::read_to_string(repo.join(model).join("expected.json")).unwrap(),
+            )
+            .unwrap();
+            let inputs: Vec<Value> = expected["inputs"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(name, t)| json!({"name": name, "datatype": t["datatype"], "shape": t["shape"], "data": t["data"]}))
+                .collect();
+            let r = c
+                .post_json(
+                    &format!("/v2/models/{model}/infer"),
+                    &json!({"id": model, "inputs": inputs}),
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                r.status,
+                200,
+                "{engine:?} {model}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+            let body = r.json();
+            assert_eq!(body["id"], model);
+            assert_eq!(body["model_version"], "1");
+            let outputs = body["outputs"].as_array().unwrap();
+            for (name, want) in expected["outputs"].as_object().unwrap() {
+                let got = outputs
+                    .iter()
+                    .find(|o| o["name"] == *name)
+                    .unwrap_or_else(|| panic!("{model}: output {name} missing"));
+                assert_eq!(got["datatype"], want["datatype"], "{model}.{name}");
+                assert_eq!(got["shape"], want["shape"], "{model}.{name}");
+                let diff = max_abs_diff(
+                    got["data"].as_array().unwrap(),
+                    want["data"].as_array().unwrap(),
+                );
+                // FP16 values are exact through Identity; FP32 math may differ in the last bits.
+                assert!(
+                    diff <= 1e-4,
+                    "{engine:?} {model}.{name}: max abs diff {diff}"
+                );
+            }
+        }
+        server.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_binary_requests_split_correctly() {
+    for engine in ENGINES {
+        let server = start(&fixture_repo(), engine).await;
+        let mut c = Client::connect(server.http_addr()).await.unwrap();
+        // batch of 3 rows in one request, binary in and out
+        let a: Vec<f32> = (0..48).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..48).map(|i| (i * 2) as f32).collect();
+        let (body, n) = binary_request(
+            &[
+                ("INPUT0", "FP32", vec![3, 16], f32_bytes(&a)),
+                ("INPUT1", "FP32", vec![3, 16], f32_bytes(&b)),
+            ],
+            true,
+        );
+        let r = c
+            .send(
+                "POST",
+                "/v2/models/add_sub/infer",
+                &[("inference-header-content-length", n.to_string())],
+                body,
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let hlen: usize = r.headers["inference-header-content-length"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let head: Value = serde_json::from_slice(&r.body[..hlen]).unwrap();
+        assert_eq!(head["outputs"][0]["shape"], json!([3, 16]));
+        assert_eq!(head["outputs"][0]["parameters"]["binary_data_size"], 192);
+        let sum = f32_values(&r.body[hlen..hlen + 192]);
+        let diff = f32_values(&r.body[hlen + 192..]);
+        for i in 0..48 {
+            assert_eq!(sum[i], a[i] + b[i]);
+            assert_eq!(diff[i], a[i] - b[i]);
+        }
+        server.shutdown().await.unwrap();
+    }
+}
+
+/// The README's repository: the real PP-OCR direction classifier fetched from its wheel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_repository_serves_the_pretrained_classifier_on_both_engines() {
+    let repo = workspace_root().join("model_repo");
+    assert!(
+        repo.join("ppocr_cls/1/model.onnx").is_file(),
+        "model_repo/ppocr_cls/1/model.onnx is missing: run `./dev test` (it fetches it)"
+    );
+    // A deterministic pseudo-image in [-1, 1].
+    let pixels: Vec<f32> = (0..3 * 48 * 192)
+        .map(|i| ((i * 7919 % 255) as f32 / 127.5) - 1.0)
+        .collect();
+    let mut results = Vec::new();
+    for engine in ENGINES {
+        let server = start(&repo, engine).await;
+        let mut c = Client::connect(server.http_addr()).await.unwrap();
+        assert_eq!(c.get("/v2/health/ready").await.unwrap().status, 200);
+        let meta = c.get("/v2/models/ppocr_cls").await.unwrap().json();
+        let want_engine = if engine == OnnxEngine::Tract {
+            "tract"
+        } else {
+            "onnxruntime"
+        };
+        assert_eq!(meta["parameters"]["engine"], want_engine);
+        let (body, n) = binary_request(
+            &[("x", "FP32", vec![1, 3, 48, 192], f32_bytes(&pixels))],
+            true,
+        );
+        let r = c
+            .send(
+                "POST",
+                "/v2/models/ppocr_cls/infer",
+                &[("inference-header-content-length", n.to_string())],
+                body,
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let hlen: usize = r.headers["inference-header-content-length"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let probs = f32_values(&r.body[hlen..]);
+        assert_eq!(probs.len(), 2);
+        assert!(
+            (probs[0] + probs[1] - 1.0).abs() < 1e-4,
+            "softmax output: {probs:?}"
+        );
+        results.push(probs);
+        // classification with the labels file
+        let req = json!({
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 48, 192], "data": pixels}],
+            "outputs": [{"name": "save_infer_model/scale_0.tmp_1", "parameters": {"classification": 1}}]
+        });
+        let r = c
+            .post_json("/v2/models/ppocr_cls/infer", &req)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+        let label = r.json()["outputs"][0]["data"][0]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(label.ends_with(":0") || label.ends_with(":180"), "{label}");
+        server.shutdown().await.unwrap();
+    }
+    let d = results[0]
+        .iter()
+        .zip(&results[1])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(d <= 1e-4, "tract vs onnxruntime differ by {d}: {results:?}");
+}

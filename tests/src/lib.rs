@@ -1,0 +1,169 @@
+//! `wisp-tests`: helpers shared by the integration tests (`it/`) and the benchmark
+//! (`src/bench.rs`): a minimal keep-alive HTTP/1.1 client, KServe v2 request builders, and
+//! fixture-repository handling.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The committed fixture repository.
+pub fn fixture_repo() -> PathBuf {
+    workspace_root().join("tests/fixtures/repo")
+}
+
+/// Copies a directory tree (fixtures are copied to a tempdir before tests change them).
+pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// An HTTP response.
+#[derive(Debug)]
+pub struct Reply {
+    /// Status code.
+    pub status: u16,
+    /// Headers.
+    pub headers: hyper::HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// The body as JSON (panics with the body text if it is not).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection.
+pub struct Client {
+    sender: SendRequest<Full<Bytes>>,
+}
+
+impl Client {
+    /// Connects to `addr`.
+    pub async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connect {addr}"))?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(Client { sender })
+    }
+
+    /// Sends a request and reads the whole response.
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, String)],
+        body: impl Into<Bytes>,
+    ) -> anyhow::Result<Reply> {
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "127.0.0.1");
+        for (k, v) in headers {
+            req = req.header(*k, v);
+        }
+        let req = req.body(Full::new(body.into()))?;
+        self.sender.ready().await?;
+        let resp = self.sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok(Reply {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// `GET path`.
+    pub async fn get(&mut self, path: &str) -> anyhow::Result<Reply> {
+        self.send("GET", path, &[], Bytes::new()).await
+    }
+
+    /// `POST path` with a JSON body.
+    pub async fn post_json(
+        &mut self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<Reply> {
+        self.send(
+            "POST",
+            path,
+            &[("content-type", "application/json".into())],
+            serde_json::to_vec(body)?,
+        )
+        .await
+    }
+}
+
+/// A binary-tensor-extension request body: JSON header + raw tensors, and the header length.
+pub fn binary_request(
+    inputs: &[(&str, &str, Vec<i64>, Vec<u8>)],
+    binary_outputs: bool,
+) -> (Vec<u8>, usize) {
+    let ins: Vec<serde_json::Value> = inputs
+        .iter()
+        .map(|(name, dt, shape, data)| {
+            serde_json::json!({
+                "name": name, "datatype": dt, "shape": shape,
+                "parameters": { "binary_data_size": data.len() }
+            })
+        })
+        .collect();
+    let header = serde_json::json!({
+        "inputs": ins,
+        "parameters": { "binary_data_output": binary_outputs }
+    });
+    let mut body = serde_json::to_vec(&header).expect("json");
+    let n = body.len();
+    for (_, _, _, data) in inputs {
+        body.extend_from_slice(data);
+    }
+    (body, n)
+}
+
+/// Little-endian f32 bytes.
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// f32 values from little-endian bytes.
+pub fn f32_values(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
