@@ -551,9 +551,8 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
             err(
                 format!("{p}.label_filename"),
                 format!(
-                    "labels file '{}' not found in {}",
-                    t.label_filename,
-                    model_dir.display()
+                    "labels file '{}' not found beside config.pbtxt",
+                    t.label_filename
                 ),
             );
         }
