@@ -25,7 +25,7 @@ def server(request):
     log = open(os.path.join(ROOT, "target", f"conformance-{request.param}.log"), "w")
     proc = subprocess.Popen(
         [binary, "serve", "--model-repository", os.path.join(ROOT, "tests", "fixtures", "repo"),
-         "--http-address", "127.0.0.1", "--http-port", str(port), "--onnx-engine", request.param],
+         "--http-address", "127.0.0.1", "--http-port", str(port), "--metrics-port", str(free_port()), "--onnx-engine", request.param],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"127.0.0.1:{port}"

@@ -113,3 +113,29 @@ def test_errors(client):
         client.infer("classifier", [wrong_type])
     assert "expects 'FP32'" in e.value.message()
     assert client.is_server_live()
+
+
+def test_statistics(client):
+    a = np.zeros((1, 16), dtype=np.float32)
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    for i in inputs:
+        i.set_data_from_numpy(a, binary_data=True)
+    before = client.get_inference_statistics("add_sub")["model_stats"][0]["inference_stats"]["success"]["count"]
+    client.infer("add_sub", inputs)
+    stats = client.get_inference_statistics("add_sub", "1")
+    s = stats["model_stats"][0]
+    assert s["name"] == "add_sub" and s["version"] == "1"
+    assert s["inference_stats"]["success"]["count"] == before + 1
+    assert s["inference_stats"]["compute_infer"]["ns"] > 0
+    assert any(b["batch_size"] == 1 for b in s["batch_stats"])
+    all_stats = client.get_inference_statistics()
+    assert {m["name"] for m in all_stats["model_stats"]} >= {"add_sub", "classifier"}
+
+
+def test_schedule_policy_parameters(client):
+    a = np.zeros((1, 16), dtype=np.float32)
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    for i in inputs:
+        i.set_data_from_numpy(a)
+    res = client.infer("add_sub", inputs, priority=1, timeout=10_000_000)
+    np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), a)

@@ -4,3 +4,4 @@
 mod common;
 mod http_api;
 mod models;
+mod scheduling;

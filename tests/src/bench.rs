@@ -112,13 +112,13 @@ fn in_process(backend: &OnnxBackend, m: &Model, secs: f64, cap: usize) -> anyhow
     let batch = [req];
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < secs / 4.0 {
-        inst.execute(&batch);
+        inst.execute(&batch, &mut Default::default());
     }
     let mut lat = Vec::new();
     let start = Instant::now();
     while start.elapsed().as_secs_f64() < secs && lat.len() < cap {
         let t = Instant::now();
-        let r = inst.execute(&batch);
+        let r = inst.execute(&batch, &mut Default::default());
         lat.push(t.elapsed());
         r.into_iter().next().unwrap().map_err(|e| anyhow!("{e}"))?;
     }
@@ -206,6 +206,7 @@ fn main() -> anyhow::Result<()> {
         let mut settings = Settings::for_repository(&m.repo);
         settings.http_address = "127.0.0.1".parse()?;
         settings.http_port = 0;
+        settings.metrics_port = 0;
         settings.onnx_engine = engine;
         settings.log_info = false;
         let server = rt

@@ -17,7 +17,7 @@ mod tract_engine;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use wisp_core::backend::{Backend, Instance, LoadedModel};
+use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
 use wisp_core::config::{IoSpec, ModelConfig, ModelIo};
 use wisp_core::tensor::{concat_batch, element_count, split_batch};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
@@ -268,7 +268,13 @@ pub struct OnnxInstance {
 }
 
 impl OnnxInstance {
-    fn run_one(&mut self, inputs: Vec<Tensor>, rows: usize) -> Result<Vec<Tensor>> {
+    fn run_one(
+        &mut self,
+        inputs: Vec<Tensor>,
+        rows: usize,
+        timing: &mut ExecTiming,
+    ) -> Result<Vec<Tensor>> {
+        let start = std::time::Instant::now();
         let batch_prefix = |shape: &[i64]| -> Vec<i64> {
             if self.spec.batches {
                 shape.first().copied().into_iter().collect()
@@ -291,7 +297,10 @@ impl OnnxInstance {
                 None => ordered.push(t),
             }
         }
+        let ran = std::time::Instant::now();
+        timing.input_ns += (ran - start).as_nanos() as u64;
         let mut outputs = self.runner.run(ordered)?;
+        timing.infer_ns += ran.elapsed().as_nanos() as u64;
         for (out, (_, dims)) in outputs.iter_mut().zip(self.spec.outputs.iter()) {
             if let Some(dims) = dims {
                 let mut shape: Vec<i64> = if self.spec.batches {
@@ -331,7 +340,11 @@ fn resolve(target: &[i64], t: &Tensor, prefix: i64) -> Result<Vec<i64>> {
 }
 
 impl Instance for OnnxInstance {
-    fn execute(&mut self, batch: &[InferRequest]) -> Vec<Result<InferResponse>> {
+    fn execute(
+        &mut self,
+        batch: &[InferRequest],
+        timing: &mut ExecTiming,
+    ) -> Vec<Result<InferResponse>> {
         let model = self.spec.model.clone();
         let fail = |e: Error, n: usize| -> Vec<Result<InferResponse>> {
             let e = e.context(format!("model '{model}'"));
@@ -342,13 +355,14 @@ impl Instance for OnnxInstance {
                 .iter()
                 .map(|r| {
                     let rows = r.batch_size(self.spec.batches);
-                    self.run_one(r.inputs.clone(), rows)
+                    self.run_one(r.inputs.clone(), rows, timing)
                         .map(|outputs| InferResponse { outputs })
                         .map_err(|e| e.context(format!("model '{model}'")))
                 })
                 .collect();
         }
         // Concatenate each input over the batch, run once, split back.
+        let start = std::time::Instant::now();
         let sizes: Vec<usize> = batch.iter().map(|r| r.batch_size(true)).collect();
         let mut inputs = Vec::new();
         for (name, _, _) in &self.spec.inputs {
@@ -372,10 +386,12 @@ impl Instance for OnnxInstance {
                 Err(e) => return fail(e, batch.len()),
             }
         }
-        let outputs = match self.run_one(inputs, sizes.iter().sum()) {
+        timing.input_ns += start.elapsed().as_nanos() as u64;
+        let outputs = match self.run_one(inputs, sizes.iter().sum(), timing) {
             Ok(o) => o,
             Err(e) => return fail(e, batch.len()),
         };
+        let split = std::time::Instant::now();
         let mut per_request: Vec<InferResponse> = vec![InferResponse::default(); batch.len()];
         for out in &outputs {
             match split_batch(out, &sizes) {
@@ -387,6 +403,7 @@ impl Instance for OnnxInstance {
                 Err(e) => return fail(e, batch.len()),
             }
         }
+        timing.output_ns += split.elapsed().as_nanos() as u64;
         per_request.into_iter().map(Ok).collect()
     }
 }

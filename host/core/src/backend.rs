@@ -30,6 +30,23 @@ pub trait LoadedModel: Send + Sync {
 pub trait Instance: Send {
     /// Executes a batch of requests, returning one result per request, in order. The requests
     /// have been validated against the model config; with `max_batch_size > 0` their inputs
-    /// carry the batch dimension and may be concatenated.
-    fn execute(&mut self, batch: &[InferRequest]) -> Vec<Result<InferResponse>>;
+    /// carry the batch dimension and may be concatenated. The backend fills `timing` with where
+    /// the time went (left at zero, the whole call counts as inference).
+    fn execute(
+        &mut self,
+        batch: &[InferRequest],
+        timing: &mut ExecTiming,
+    ) -> Vec<Result<InferResponse>>;
+}
+
+/// Where one batch execution spent its time, in nanoseconds (Triton's compute_input,
+/// compute_infer and compute_output statistics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExecTiming {
+    /// Gathering and converting inputs.
+    pub input_ns: u64,
+    /// Running the model.
+    pub infer_ns: u64,
+    /// Converting and splitting outputs.
+    pub output_ns: u64,
 }

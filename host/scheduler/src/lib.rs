@@ -1,42 +1,94 @@
-//! `wisp-scheduler`: the per-model queue between front ends and backend instances.
+//! `wisp-scheduler`: the per-model-version queue between front ends and backend instances.
 //!
 //! The contract is three verbs, as in Triton's scheduler: [`Scheduler::enqueue`] a request with
 //! a callback for its response, read the [`Scheduler::inflight`] count, and [`Scheduler::stop`].
-//! Each instance runs on its own dedicated OS thread (never on the async runtime), takes the
-//! oldest queued request, executes it, and calls the callback from that thread. A panicking
-//! backend fails only the requests it was executing; the instance thread keeps serving.
 //!
-//! This version serves requests first-in first-out, one per execution; dynamic batching plugs in
-//! behind the same three verbs.
+//! Requests wait in per-priority FIFO queues (Triton's `priority_levels`, with each level's
+//! queue policy: `max_queue_size` rejects at once when full, timeouts REJECT or DELAY). Each
+//! instance runs on its own dedicated OS thread; when free it takes the next batch: with the
+//! dynamic batcher on, as many queued requests (highest priority first, FIFO within a level,
+//! equal non-batch shapes) as fit in `max_batch_size` rows, sent at once when a preferred or
+//! the maximum size is reached, or when the oldest has waited `max_queue_delay_microseconds`.
+//! The backend executes the whole batch and returns one response per request, which goes back
+//! to that request's callback (in request order with `preserve_ordering`). A panicking backend
+//! fails only the requests it was executing; the instance thread keeps serving.
 
-use std::collections::VecDeque;
+mod policy;
+mod stats;
+
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use wisp_core::backend::Instance;
+use wisp_core::backend::{ExecTiming, Instance};
 use wisp_core::{Error, InferRequest, InferResponse, Result};
 
-/// Called exactly once with the request's outcome, on an instance thread.
+pub use policy::{LevelPolicy, Policy, TimeoutAction};
+pub use stats::{BatchStat, DurationStat, FailReason, ModelStats};
+
+/// Called exactly once with the request's outcome, on an instance thread (or the caller's
+/// thread for a request rejected while queued).
 pub type Responder = Box<dyn FnOnce(Result<InferResponse>) + Send>;
+
+/// Per-request timings handed to an [`Observer`] when a request completes.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestTiming {
+    /// It succeeded.
+    pub ok: bool,
+    /// Enqueue to response.
+    pub total: Duration,
+    /// Time queued.
+    pub queue: Duration,
+    /// The batch's compute times.
+    pub exec: ExecTiming,
+}
+
+/// Receives every completed request's timings (the server feeds latency summaries with it).
+pub type Observer = Arc<dyn Fn(&RequestTiming) + Send + Sync>;
 
 struct Job {
     request: InferRequest,
     respond: Responder,
+    rows: usize,
+    shape_key: u64,
+    enqueued: Instant,
+    deadline: Option<Instant>,
+    seq: u64,
 }
 
 #[derive(Default)]
+struct Level {
+    queue: VecDeque<Job>,
+    /// Timed-out requests under DELAY: served after this level's in-time requests.
+    delayed: VecDeque<Job>,
+}
+
 struct State {
-    jobs: VecDeque<Job>,
+    levels: Vec<Level>,
     stopping: bool,
+    next_seq: u64,
+    queued: usize,
+}
+
+/// Response delivery in request order (`preserve_ordering`).
+#[derive(Default)]
+struct Ordered {
+    next: u64,
+    ready: BTreeMap<u64, (Responder, Result<InferResponse>)>,
 }
 
 struct Shared {
     model: String,
+    policy: Policy,
     state: Mutex<State>,
     ready: Condvar,
     inflight: AtomicUsize,
+    stats: Arc<ModelStats>,
+    ordered: Mutex<Ordered>,
+    observer: Option<Observer>,
 }
 
 /// A model version's queue and its instance threads.
@@ -45,14 +97,59 @@ pub struct Scheduler {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
+/// A request's parameter as an unsigned integer (`priority`, `timeout`).
+fn uint_param(req: &InferRequest, key: &str) -> Result<u64> {
+    match req.parameters.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(0),
+        Some(v) => v.as_u64().ok_or_else(|| {
+            Error::invalid(format!(
+                "request parameter '{key}' must be a non-negative integer, got {v}"
+            ))
+        }),
+    }
+}
+
+/// Hash of every input's name and non-batch dims: only equal keys batch together.
+fn shape_key(req: &InferRequest, batched: bool) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut inputs: Vec<_> = req.inputs.iter().collect();
+    inputs.sort_by(|a, b| a.name.cmp(&b.name));
+    for t in inputs {
+        t.name.hash(&mut h);
+        let dims = if batched && !t.shape.is_empty() {
+            &t.shape[1..]
+        } else {
+            &t.shape[..]
+        };
+        dims.hash(&mut h);
+    }
+    h.finish()
+}
+
 impl Scheduler {
     /// Starts one thread per instance, named `wisp-<model>-<n>`.
-    pub fn start(model: &str, instances: Vec<Box<dyn Instance>>) -> Result<Self> {
+    pub fn start(
+        model: &str,
+        policy: Policy,
+        instances: Vec<Box<dyn Instance>>,
+        observer: Option<Observer>,
+    ) -> Result<Self> {
+        let levels = (0..policy.levels.len()).map(|_| Level::default()).collect();
         let shared = Arc::new(Shared {
             model: model.to_string(),
-            state: Mutex::new(State::default()),
+            policy,
+            state: Mutex::new(State {
+                levels,
+                stopping: false,
+                next_seq: 0,
+                queued: 0,
+            }),
             ready: Condvar::new(),
             inflight: AtomicUsize::new(0),
+            stats: Arc::new(ModelStats::default()),
+            ordered: Mutex::new(Ordered::default()),
+            observer,
         });
         let mut threads = Vec::new();
         for (i, instance) in instances.into_iter().enumerate() {
@@ -69,26 +166,73 @@ impl Scheduler {
         })
     }
 
-    /// Queues a request; `respond` is called once with its outcome. Fails at once (without
-    /// calling `respond`) when the scheduler is stopping.
+    /// The version's statistics.
+    pub fn stats(&self) -> &Arc<ModelStats> {
+        &self.shared.stats
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.shared.policy
+    }
+
+    /// Queues a request; `respond` is called once with its outcome. Fails at once, without
+    /// calling `respond`, when the request's queue is full, its parameters are invalid, or the
+    /// scheduler is stopping (counted as REJECTED).
     pub fn enqueue(&self, request: InferRequest, respond: Responder) -> Result<()> {
-        let mut state = self.shared.state.lock().expect("scheduler lock");
-        if state.stopping {
-            return Err(Error::unavailable(format!(
-                "model '{}' is unloading",
-                self.shared.model
-            )));
+        let sh = &self.shared;
+        let p = &sh.policy;
+        let level = p.level_for(uint_param(&request, "priority")?);
+        let timeout = p.timeout_for(level, uint_param(&request, "timeout")?);
+        let batched = p.max_batch_size > 0;
+        let rows = request.batch_size(batched);
+        let key = shape_key(&request, batched);
+        let now = Instant::now();
+        let mut state = sh.state.lock().expect("scheduler lock");
+        let reject = if state.stopping {
+            Some(format!("model '{}' is unloading", sh.model))
+        } else {
+            let max = p.levels[level - 1].max_queue_size;
+            let lv = &state.levels[level - 1];
+            (max > 0 && lv.queue.len() + lv.delayed.len() >= max).then(|| {
+                format!(
+                    "Exceeds maximum queue size: model '{}' priority level {level} holds {max} requests",
+                    sh.model
+                )
+            })
+        };
+        if let Some(msg) = reject {
+            drop(state);
+            sh.stats
+                .record_failure(FailReason::Rejected, Duration::ZERO);
+            return Err(Error::unavailable(msg));
         }
-        self.shared.inflight.fetch_add(1, Ordering::SeqCst);
-        state.jobs.push_back(Job { request, respond });
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        state.queued += 1;
+        sh.inflight.fetch_add(1, Ordering::SeqCst);
+        state.levels[level - 1].queue.push_back(Job {
+            request,
+            respond,
+            rows,
+            shape_key: key,
+            enqueued: now,
+            deadline: timeout.map(|t| now + t),
+            seq,
+        });
         drop(state);
-        self.shared.ready.notify_one();
+        sh.ready.notify_all();
         Ok(())
     }
 
     /// Requests queued or executing.
     pub fn inflight(&self) -> usize {
         self.shared.inflight.load(Ordering::SeqCst)
+    }
+
+    /// Requests queued and not yet executing.
+    pub fn pending(&self) -> usize {
+        self.shared.state.lock().expect("scheduler lock").queued
     }
 
     /// Stops accepting requests; queued ones still run. Returns once every instance thread has
@@ -109,114 +253,285 @@ impl Drop for Scheduler {
     }
 }
 
-fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>) {
-    loop {
-        let job = {
-            let mut state = shared.state.lock().expect("scheduler lock");
-            loop {
-                if let Some(job) = state.jobs.pop_front() {
-                    break job;
+enum Next {
+    Batch(Vec<Job>),
+    Wait(Option<Instant>),
+    Exit,
+}
+
+impl Shared {
+    /// Moves or collects requests whose queue timeout passed.
+    fn expire(&self, state: &mut State, now: Instant, rejected: &mut Vec<Job>) {
+        for (i, lv) in state.levels.iter_mut().enumerate() {
+            if !lv
+                .queue
+                .iter()
+                .any(|j| j.deadline.is_some_and(|d| d <= now))
+            {
+                continue;
+            }
+            let action = self.policy.levels[i].action;
+            let mut keep = VecDeque::with_capacity(lv.queue.len());
+            for j in lv.queue.drain(..) {
+                match j.deadline {
+                    Some(d) if d <= now => match action {
+                        TimeoutAction::Reject => rejected.push(j),
+                        TimeoutAction::Delay => lv.delayed.push_back(Job {
+                            deadline: None,
+                            ..j
+                        }),
+                    },
+                    _ => keep.push_back(j),
                 }
-                if state.stopping {
-                    return;
-                }
-                state = shared.ready.wait(state).expect("scheduler lock");
+            }
+            lv.queue = keep;
+        }
+        state.queued -= rejected.len();
+    }
+
+    /// Decides what a free instance does next.
+    fn next(&self, state: &mut State, now: Instant) -> Next {
+        let p = &self.policy;
+        // (level, delayed?, index) of candidates in service order
+        let order = state.levels.iter().enumerate().flat_map(|(l, lv)| {
+            (0..lv.queue.len())
+                .map(move |i| (l, false, i))
+                .chain((0..lv.delayed.len()).map(move |i| (l, true, i)))
+        });
+        let job = |l: usize, d: bool, i: usize| -> &Job {
+            let lv = &state.levels[l];
+            if d {
+                &lv.delayed[i]
+            } else {
+                &lv.queue[i]
             }
         };
-        let batch = [job.request];
-        let result = catch_unwind(AssertUnwindSafe(|| instance.execute(&batch)));
-        let outcome = match result {
-            Ok(mut v) if v.len() == 1 => v.remove(0),
-            Ok(v) => Err(Error::internal(format!(
-                "model '{}': backend returned {} responses for 1 request",
+        let mut picked: Vec<(usize, bool, usize)> = Vec::new();
+        let mut rows = 0;
+        let mut blocked = false;
+        let mut first_key = None;
+        for (l, d, i) in order {
+            let j = job(l, d, i);
+            if !p.dynamic {
+                picked.push((l, d, i));
+                break;
+            }
+            let key = *first_key.get_or_insert(j.shape_key);
+            if j.shape_key != key || rows + j.rows > p.max_batch_size.max(1) {
+                blocked = !picked.is_empty();
+                break;
+            }
+            rows += j.rows;
+            picked.push((l, d, i));
+            if rows == p.max_batch_size {
+                break;
+            }
+        }
+        if picked.is_empty() {
+            if state.stopping {
+                return Next::Exit;
+            }
+            let earliest = state
+                .levels
+                .iter()
+                .flat_map(|lv| lv.queue.iter())
+                .filter_map(|j| j.deadline)
+                .min();
+            return Next::Wait(earliest);
+        }
+        let send_all = !p.dynamic
+            || state.stopping
+            || blocked
+            || rows >= p.max_batch_size
+            || p.max_queue_delay.is_zero();
+        if !send_all {
+            // The largest prefix whose size is a preferred batch size goes at once.
+            let mut sum = 0;
+            let mut cut = None;
+            for (n, &(l, d, i)) in picked.iter().enumerate() {
+                sum += job(l, d, i).rows;
+                if p.preferred.contains(&sum) {
+                    cut = Some(n + 1);
+                }
+            }
+            let oldest = picked
+                .iter()
+                .map(|&(l, d, i)| job(l, d, i).enqueued)
+                .min()
+                .expect("picked is not empty");
+            let due = oldest + p.max_queue_delay;
+            match cut {
+                Some(n) => picked.truncate(n),
+                None if now >= due => {}
+                None => {
+                    let earliest_deadline = state
+                        .levels
+                        .iter()
+                        .flat_map(|lv| lv.queue.iter())
+                        .filter_map(|j| j.deadline)
+                        .min();
+                    return Next::Wait(Some(earliest_deadline.map_or(due, |d| d.min(due))));
+                }
+            }
+        }
+        // Take the picked jobs out, highest index first so earlier indices stay valid.
+        picked.sort_by(|a, b| b.cmp(a));
+        let mut batch: Vec<Job> = picked
+            .into_iter()
+            .map(|(l, d, i)| {
+                let lv = &mut state.levels[l];
+                if d {
+                    lv.delayed.remove(i)
+                } else {
+                    lv.queue.remove(i)
+                }
+                .expect("picked index is valid")
+            })
+            .collect();
+        batch.sort_by_key(|j| j.seq);
+        state.queued -= batch.len();
+        Next::Batch(batch)
+    }
+
+    fn deliver(&self, seq: u64, respond: Responder, result: Result<InferResponse>) {
+        if !self.policy.preserve_ordering {
+            respond(result);
+            return;
+        }
+        let mut due = Vec::new();
+        {
+            let mut o = self.ordered.lock().expect("ordering lock");
+            o.ready.insert(seq, (respond, result));
+            while let Some(entry) = {
+                let next = o.next;
+                o.ready.remove(&next)
+            } {
+                o.next += 1;
+                due.push(entry);
+            }
+        }
+        for (respond, result) in due {
+            respond(result);
+        }
+    }
+
+    fn finish_failed(&self, job: Job, err: Error, reason: FailReason) {
+        self.stats.record_failure(reason, job.enqueued.elapsed());
+        self.inflight.fetch_sub(1, Ordering::SeqCst);
+        if let Some(o) = &self.observer {
+            o(&RequestTiming {
+                ok: false,
+                total: job.enqueued.elapsed(),
+                queue: job.enqueued.elapsed(),
+                exec: ExecTiming::default(),
+            });
+        }
+        self.deliver(job.seq, job.respond, Err(err));
+    }
+}
+
+fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>) {
+    loop {
+        let mut rejected = Vec::new();
+        let batch = {
+            let mut state = shared.state.lock().expect("scheduler lock");
+            loop {
+                let now = Instant::now();
+                shared.expire(&mut state, now, &mut rejected);
+                if !rejected.is_empty() {
+                    break None;
+                }
+                match shared.next(&mut state, now) {
+                    Next::Batch(b) => break Some(b),
+                    Next::Exit => return,
+                    Next::Wait(None) => {
+                        state = shared.ready.wait(state).expect("scheduler lock");
+                    }
+                    Next::Wait(Some(t)) => {
+                        let d = t.saturating_duration_since(now);
+                        state = shared
+                            .ready
+                            .wait_timeout(state, d)
+                            .expect("scheduler lock")
+                            .0;
+                    }
+                }
+            }
+        };
+        for job in rejected {
+            let msg = format!("Request timeout expired (model '{}')", shared.model);
+            shared.finish_failed(job, Error::unavailable(msg), FailReason::Rejected);
+        }
+        if let Some(batch) = batch {
+            execute(shared, instance.as_mut(), batch);
+        }
+    }
+}
+
+fn execute(shared: &Shared, instance: &mut dyn Instance, batch: Vec<Job>) {
+    let dispatched = Instant::now();
+    let rows: usize = batch.iter().map(|j| j.rows).sum();
+    let mut requests = Vec::with_capacity(batch.len());
+    let mut metas = Vec::with_capacity(batch.len());
+    for j in batch {
+        requests.push(j.request);
+        metas.push((j.seq, j.respond, j.enqueued));
+    }
+    let mut timing = ExecTiming::default();
+    let started = Instant::now();
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        instance.execute(&requests, &mut timing)
+    }));
+    if timing == ExecTiming::default() {
+        timing.infer_ns = started.elapsed().as_nanos() as u64;
+    }
+    let n = requests.len();
+    let results: Vec<Result<InferResponse>> = match result {
+        Ok(v) if v.len() == n => v,
+        Ok(v) => {
+            let e = Error::internal(format!(
+                "model '{}': backend returned {} responses for {n} requests",
                 shared.model,
                 v.len()
-            ))),
-            Err(_) => Err(Error::internal(format!(
+            ));
+            (0..n).map(|_| Err(e.clone())).collect()
+        }
+        Err(_) => {
+            let e = Error::internal(format!(
                 "model '{}': backend panicked while executing",
                 shared.model
-            ))),
-        };
+            ));
+            (0..n).map(|_| Err(e.clone())).collect()
+        }
+    };
+    let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
+    if ok > 0 {
+        shared.stats.record_execution(rows, ok, timing);
+    }
+    for ((seq, respond, enqueued), result) in metas.into_iter().zip(results) {
+        let total = enqueued.elapsed();
+        let queue = dispatched - enqueued;
+        match &result {
+            Ok(_) => {
+                shared.stats.success.add(total);
+                shared.stats.queue.add(queue);
+            }
+            Err(_) => {
+                shared.stats.record_failure(FailReason::Backend, total);
+            }
+        }
+        if let Some(o) = &shared.observer {
+            o(&RequestTiming {
+                ok: result.is_ok(),
+                total,
+                queue,
+                exec: timing,
+            });
+        }
         shared.inflight.fetch_sub(1, Ordering::SeqCst);
-        (job.respond)(outcome);
+        shared.deliver(seq, respond, result);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::mpsc;
-    use wisp_core::{DataType, Tensor};
-
-    struct Echo;
-    impl Instance for Echo {
-        fn execute(&mut self, batch: &[InferRequest]) -> Vec<Result<InferResponse>> {
-            batch
-                .iter()
-                .map(|r| {
-                    if r.id == "panic" {
-                        panic!("boom");
-                    }
-                    Ok(InferResponse {
-                        outputs: r.inputs.clone(),
-                    })
-                })
-                .collect()
-        }
-    }
-
-    fn req(id: &str) -> InferRequest {
-        InferRequest {
-            id: id.into(),
-            inputs: vec![Tensor::new("x", DataType::Uint8, vec![1], vec![7].into()).unwrap()],
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn serves_every_request_and_survives_a_panic() {
-        let s = Scheduler::start("echo", vec![Box::new(Echo), Box::new(Echo)]).unwrap();
-        let (tx, rx) = mpsc::channel();
-        for id in ["a", "panic", "b", "c"] {
-            let tx = tx.clone();
-            let id2 = id.to_string();
-            s.enqueue(req(id), Box::new(move |r| tx.send((id2, r)).unwrap()))
-                .unwrap();
-        }
-        let mut got: Vec<(String, bool)> = (0..4)
-            .map(|_| {
-                let (id, r) = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
-                (id, r.is_ok())
-            })
-            .collect();
-        got.sort();
-        assert_eq!(
-            got,
-            vec![
-                ("a".into(), true),
-                ("b".into(), true),
-                ("c".into(), true),
-                ("panic".into(), false)
-            ]
-        );
-        assert_eq!(s.inflight(), 0);
-    }
-
-    #[test]
-    fn stop_drains_then_rejects() {
-        let s = Scheduler::start("echo", vec![Box::new(Echo)]).unwrap();
-        let (tx, rx) = mpsc::channel();
-        for i in 0..20 {
-            let tx = tx.clone();
-            s.enqueue(
-                req(&i.to_string()),
-                Box::new(move |r| tx.send(r.is_ok()).unwrap()),
-            )
-            .unwrap();
-        }
-        s.stop();
-        assert_eq!(rx.try_iter().filter(|ok| *ok).count(), 20);
-        let e = s.enqueue(req("late"), Box::new(|_| {})).unwrap_err();
-        assert_eq!(e.kind(), wisp_core::ErrorKind::Unavailable);
-    }
-}
+mod tests;

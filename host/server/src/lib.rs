@@ -5,7 +5,9 @@
 //! stops accepting, lets in-flight requests finish, then drains and stops every model's
 //! scheduler.
 
+pub mod cache;
 pub mod http;
+pub mod metrics;
 pub mod registry;
 pub mod settings;
 
@@ -21,6 +23,8 @@ use settings::{OnnxEngine, Settings};
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    metrics_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     registry: Arc<Registry>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -43,9 +47,20 @@ impl Server {
         };
         let backend = OnnxBackend::new(choice, lib).map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(engine = backend.engine(), "ONNX engine selected");
+        let metrics = if settings.allow_metrics {
+            let o = metrics::MetricsOptions::parse(&settings.metrics_config)
+                .map_err(|e| anyhow::anyhow!(e))?;
+            Some(metrics::Metrics::new(o).map_err(|e| anyhow::anyhow!(e))?)
+        } else {
+            None
+        };
+        let cache = cache::parse_cache_config(&settings.cache_config)
+            .map_err(|e| anyhow::anyhow!(e))?
+            .map(|size| Arc::new(cache::ResponseCache::new(size)));
         let opts = LoadOptions {
             autocomplete: !settings.disable_auto_complete_config,
             threads: settings.model_load_thread_count,
+            metrics: metrics.clone(),
         };
         let roots = settings.model_repositories.clone();
         let registry = tokio::task::spawn_blocking(move || Registry::load(&roots, &backend, &opts))
@@ -65,6 +80,7 @@ impl Server {
             registry: registry.clone(),
             max_input_size: settings.http_max_input_size,
             strict_readiness: settings.strict_readiness,
+            cache,
         });
         let addr = SocketAddr::new(settings.http_address, settings.http_port);
         let listener = tokio::net::TcpListener::bind(addr)
@@ -73,6 +89,25 @@ impl Server {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "HTTP front end listening");
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (metrics_addr, metrics_task) = match metrics {
+            Some(m) => {
+                let maddr = SocketAddr::new(
+                    settings.metrics_address.unwrap_or(settings.http_address),
+                    settings.metrics_port,
+                );
+                let l = tokio::net::TcpListener::bind(maddr)
+                    .await
+                    .with_context(|| format!("cannot bind metrics on {maddr}"))?;
+                let maddr = l.local_addr()?;
+                tracing::info!(addr = %maddr, "metrics endpoint listening");
+                let app = http::metrics_router(m, registry.clone());
+                (
+                    Some(maddr),
+                    Some(tokio::spawn(async move { axum::serve(l, app).await })),
+                )
+            }
+            None => (None, None),
+        };
         let app = http::router(state);
         let task = tokio::spawn(async move {
             axum::serve(listener, app)
@@ -83,6 +118,8 @@ impl Server {
         });
         Ok(Server {
             addr,
+            metrics_addr,
+            metrics_task,
             registry,
             shutdown: Some(tx),
             task,
@@ -92,6 +129,11 @@ impl Server {
     /// The bound HTTP address.
     pub fn http_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound metrics address, if metrics are on.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The model registry.
@@ -105,6 +147,9 @@ impl Server {
             let _ = tx.send(());
         }
         (&mut self.task).await.context("HTTP task panicked")??;
+        if let Some(t) = self.metrics_task.take() {
+            t.abort();
+        }
         let registry = self.registry.clone();
         tokio::task::spawn_blocking(move || registry.shutdown()).await?;
         Ok(())

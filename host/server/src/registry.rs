@@ -7,11 +7,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use wisp_core::backend::Backend;
-use wisp_core::config::{self, ModelConfig};
+use wisp_core::backend::{Backend, ExecTiming, Instance};
+use wisp_core::config::{self, ModelConfig, ModelWarmup};
 use wisp_core::repository::{self, ModelDir};
-use wisp_core::{Error, InferRequest, InferResponse, Result};
-use wisp_scheduler::Scheduler;
+use wisp_core::tensor::encode_bytes_elements;
+use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
+use wisp_scheduler::{ModelStats, Observer, Policy, Scheduler};
+
+use crate::metrics::Metrics;
 
 /// One loaded, ready model version.
 pub struct ModelVersion {
@@ -25,6 +28,8 @@ pub struct ModelVersion {
     pub labels: HashMap<String, Arc<Vec<String>>>,
     /// The engine that runs it.
     pub engine: String,
+    /// Seconds it took to load (and warm up).
+    pub load_secs: f64,
     scheduler: Scheduler,
 }
 
@@ -45,6 +50,16 @@ impl ModelVersion {
                 self.name
             ))
         })?
+    }
+
+    /// The version's statistics.
+    pub fn stats(&self) -> &Arc<ModelStats> {
+        self.scheduler.stats()
+    }
+
+    /// Requests queued, not yet executing.
+    pub fn pending(&self) -> usize {
+        self.scheduler.pending()
     }
 
     /// Stops the scheduler after it drains its queue (blocking).
@@ -114,6 +129,8 @@ pub struct LoadOptions {
     pub autocomplete: bool,
     /// Parallel loads.
     pub threads: usize,
+    /// Where per-request latency summaries go, if enabled.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 /// All models of the server.
@@ -279,7 +296,8 @@ fn load_model(dir: &ModelDir, backend: &dyn Backend, opts: &LoadOptions) -> Mode
     };
     let mut versions = BTreeMap::new();
     for v in selected {
-        let state = match load_version(dir, v, &cfg, &labels, backend) {
+        let observer = opts.metrics.as_ref().and_then(|m| m.observer(name, v));
+        let state = match load_version(dir, v, &cfg, &labels, backend, observer) {
             Ok(m) => {
                 tracing::info!(
                     model = name,
@@ -356,7 +374,9 @@ fn load_version(
     cfg: &Arc<ModelConfig>,
     labels: &HashMap<String, Arc<Vec<String>>>,
     backend: &dyn Backend,
+    observer: Option<Observer>,
 ) -> Result<ModelVersion> {
+    let start = Instant::now();
     let file = model_file(&dir.path, version, cfg);
     if !file.is_file() {
         return Err(Error::not_found(format!(
@@ -365,16 +385,142 @@ fn load_version(
         )));
     }
     let loaded = backend.load(cfg, &file)?;
-    let instances = (0..cfg.instance_count())
+    let mut instances = (0..cfg.instance_count())
         .map(|i| loaded.new_instance(i))
         .collect::<Result<Vec<_>>>()?;
-    let scheduler = Scheduler::start(&dir.name, instances)?;
+    warm_up(&dir.path, cfg, &mut instances)?;
+    let scheduler = Scheduler::start(&dir.name, Policy::from_config(cfg), instances, observer)?;
     Ok(ModelVersion {
         name: dir.name.clone(),
         version,
         config: cfg.clone(),
         labels: labels.clone(),
         engine: loaded.engine().to_string(),
+        load_secs: start.elapsed().as_secs_f64(),
         scheduler,
+    })
+}
+
+/// Runs every `model_warmup` sample `count` times (at least once) on every instance, as
+/// Triton does before a model is READY. Any failure fails the load.
+fn warm_up(model_dir: &Path, cfg: &ModelConfig, instances: &mut [Box<dyn Instance>]) -> Result<()> {
+    for sample in &cfg.model_warmup {
+        let req = warmup_request(model_dir, cfg, sample)
+            .map_err(|e| e.context(format!("warmup sample '{}'", sample.name)))?;
+        for instance in instances.iter_mut() {
+            for _ in 0..sample.count.max(1) {
+                let mut t = ExecTiming::default();
+                let mut out = instance.execute(std::slice::from_ref(&req), &mut t);
+                match out.pop() {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        return Err(e.context(format!("warmup sample '{}' failed", sample.name)))
+                    }
+                    None => {
+                        return Err(Error::internal(format!(
+                            "warmup sample '{}': no response",
+                            sample.name
+                        )))
+                    }
+                }
+            }
+        }
+        tracing::info!(model = %cfg.name, sample = %sample.name, "warmup done");
+    }
+    Ok(())
+}
+
+/// A tiny xorshift generator: random warm-up data needs no cryptographic quality.
+fn pseudo_random_bytes(n: usize, mut seed: u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 24) as u8
+        })
+        .collect()
+}
+
+fn warmup_request(
+    model_dir: &Path,
+    cfg: &ModelConfig,
+    sample: &ModelWarmup,
+) -> Result<InferRequest> {
+    let mut inputs = Vec::new();
+    for (name, w) in &sample.inputs {
+        let c = cfg
+            .input
+            .iter()
+            .find(|c| &c.name == name)
+            .ok_or_else(|| Error::invalid(format!("'{name}' is not an input")))?;
+        let type_name = if w.data_type.is_empty() {
+            &c.data_type
+        } else {
+            &w.data_type
+        };
+        let dt = DataType::from_config_name(type_name)
+            .ok_or_else(|| Error::invalid(format!("input '{name}': bad data_type {type_name}")))?;
+        let dims = if w.dims.is_empty() { &c.dims } else { &w.dims };
+        if dims.iter().any(|&d| d < 0) {
+            return Err(Error::invalid(format!(
+                "input '{name}': warmup dims {dims:?} must be concrete"
+            )));
+        }
+        let mut shape: Vec<i64> = if cfg.batches() {
+            vec![sample.batch_size.max(1) as i64]
+        } else {
+            Vec::new()
+        };
+        shape.extend(dims);
+        let count: usize = shape.iter().map(|&d| d as usize).product();
+        let data: Vec<u8> = match (dt.size(), &w.input_data_file) {
+            (_, Some(file)) => {
+                let path = model_dir.join("warmup").join(file);
+                let row = std::fs::read(&path).map_err(|e| {
+                    Error::invalid(format!(
+                        "input '{name}': cannot read {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                // The file holds one batch item; repeat it for the batch size.
+                row.repeat(if cfg.batches() {
+                    sample.batch_size.max(1) as usize
+                } else {
+                    1
+                })
+            }
+            (None, None) => encode_bytes_elements(std::iter::repeat_n(&b""[..], count)),
+            (Some(size), None) if w.random_data.is_some() => {
+                let mut b = pseudo_random_bytes(count * size, 0x9E37_79B9_7F4A_7C15);
+                if dt == DataType::Bool {
+                    b.iter_mut().for_each(|x| *x &= 1);
+                } else if matches!(
+                    dt,
+                    DataType::Fp16 | DataType::Fp32 | DataType::Fp64 | DataType::Bf16
+                ) {
+                    // random bytes may spell NaN/inf: use small floats instead
+                    b = (0..count)
+                        .flat_map(|i| {
+                            let v = ((i * 37 % 101) as f64) / 101.0;
+                            match dt {
+                                DataType::Fp16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+                                DataType::Bf16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+                                DataType::Fp32 => (v as f32).to_le_bytes().to_vec(),
+                                _ => v.to_le_bytes().to_vec(),
+                            }
+                        })
+                        .collect();
+                }
+                b
+            }
+            (Some(size), None) => vec![0u8; count * size],
+        };
+        inputs.push(Tensor::new(name.clone(), dt, shape, data.into())?);
+    }
+    Ok(InferRequest {
+        id: format!("warmup:{}", sample.name),
+        inputs,
+        ..Default::default()
     })
 }

@@ -10,6 +10,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub const DEFAULT_HTTP_PORT: u16 = 8000;
 /// Default maximum HTTP request body, after decompression (Triton's 64 MB).
 pub const DEFAULT_HTTP_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
+/// Default metrics port (Triton's).
+pub const DEFAULT_METRICS_PORT: u16 = 8002;
 /// Default model-load thread count (Triton's).
 pub const DEFAULT_MODEL_LOAD_THREADS: usize = 4;
 
@@ -63,6 +65,30 @@ pub struct Settings {
     /// Largest accepted HTTP request body in bytes (also caps decompressed bodies).
     #[arg(long, default_value_t = DEFAULT_HTTP_MAX_INPUT_SIZE)]
     pub http_max_input_size: usize,
+
+    /// Serve Prometheus metrics.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_metrics: bool,
+
+    /// Metrics port (`GET /metrics`); 0 picks a free port.
+    #[arg(long, default_value_t = DEFAULT_METRICS_PORT)]
+    pub metrics_port: u16,
+
+    /// Address the metrics endpoint binds (default: --http-address).
+    #[arg(long)]
+    pub metrics_address: Option<IpAddr>,
+
+    /// Metrics settings `key=value`: summary_latencies, summary_quantiles, counter_latencies.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub metrics_config: Vec<String>,
+
+    /// Accepted for compatibility: CPU and memory gauges are sampled at each scrape.
+    #[arg(long, default_value_t = 2000)]
+    pub metrics_interval_ms: u64,
+
+    /// Response cache, Triton's syntax: `local,size=BYTES`.
+    #[arg(long, value_name = "local,size=BYTES")]
+    pub cache_config: Vec<String>,
 
     /// Verbose logging level (0 = off, 1 = debug, 2+ = trace).
     #[arg(long, default_value_t = 0)]
@@ -129,6 +155,11 @@ mod tests {
             "--exit-on-error=true",
             "--http-max-input-size",
             "1024",
+            "--metrics-port=9002",
+            "--metrics-config",
+            "summary_latencies=true",
+            "--cache-config",
+            "local,size=1000",
         ])
         .unwrap();
         let Command::Serve(s) = cli.command;
@@ -141,6 +172,9 @@ mod tests {
         assert!(!s.strict_readiness);
         assert!(s.exit_on_error);
         assert_eq!(s.http_max_input_size, 1024);
+        assert_eq!(s.metrics_port, 9002);
+        assert_eq!(s.metrics_config, vec!["summary_latencies=true".to_string()]);
+        assert_eq!(s.cache_config, vec!["local,size=1000".to_string()]);
     }
 
     #[test]

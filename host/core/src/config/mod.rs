@@ -59,6 +59,15 @@ pub struct ModelConfig {
     pub default_model_filename: String,
     /// Backend parameters (`key → {string_value}`).
     pub parameters: BTreeMap<String, ModelParameter>,
+    /// Dynamic batching (absent: each request executes alone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_batching: Option<DynamicBatching>,
+    /// Warm-up samples run on every instance before the version is READY.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub model_warmup: Vec<ModelWarmup>,
+    /// Response cache switch (also needs `--cache-config`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_cache: Option<ResponseCache>,
     /// Every other Triton field that was set, verbatim (proto JSON form).
     #[serde(flatten)]
     pub other: Map,
@@ -173,6 +182,82 @@ pub struct ModelParameter {
     pub string_value: String,
 }
 
+/// `dynamic_batching { ... }`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct DynamicBatching {
+    /// Batch sizes sent as soon as they can be formed.
+    pub preferred_batch_size: Vec<i32>,
+    /// How long the oldest request may wait for a batch to fill (default 0).
+    pub max_queue_delay_microseconds: u64,
+    /// Deliver responses in request order.
+    pub preserve_ordering: bool,
+    /// Number of priority levels (1 is the highest); 0 means one level.
+    pub priority_levels: u64,
+    /// Level of requests that do not give one.
+    pub default_priority_level: u64,
+    /// Queue policy of every level without its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_queue_policy: Option<QueuePolicy>,
+    /// Queue policy per level.
+    pub priority_queue_policy: BTreeMap<u64, QueuePolicy>,
+}
+
+/// `ModelQueuePolicy`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct QueuePolicy {
+    /// `REJECT` (default) or `DELAY`.
+    pub timeout_action: String,
+    /// Default timeout in µs (0 = none).
+    pub default_timeout_microseconds: u64,
+    /// A request may lower (never raise) the timeout with its `timeout` parameter.
+    pub allow_timeout_override: bool,
+    /// Queue bound (0 = unbounded); a full queue rejects at once.
+    pub max_queue_size: u32,
+}
+
+/// `model_warmup [ ... ]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ModelWarmup {
+    /// Sample name.
+    pub name: String,
+    /// Batch size of the sample (>= 1; 1 for models that do not batch).
+    pub batch_size: u32,
+    /// Per input: how to make its data.
+    pub inputs: BTreeMap<String, WarmupInput>,
+    /// Executions of this sample (0 means 1).
+    pub count: u32,
+}
+
+/// `model_warmup.inputs` value.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct WarmupInput {
+    /// `TYPE_FP32` etc.
+    pub data_type: String,
+    /// Shape without the batch dim.
+    pub dims: Vec<i64>,
+    /// Zeros.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zero_data: Option<bool>,
+    /// Random data.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub random_data: Option<bool>,
+    /// File in the model's `warmup/` directory with the raw row-major data.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_data_file: Option<String>,
+}
+
+/// `response_cache { enable: true }`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ResponseCache {
+    /// Cache this model's successful responses.
+    pub enable: bool,
+}
+
 /// One problem in a model's configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -249,6 +334,7 @@ impl ModelConfig {
 
     /// Total instance count over all groups.
     pub fn instance_count(&self) -> usize {
+        // (normalize() guarantees at least one group with count >= 1)
         self.instance_group
             .iter()
             .map(|g| g.count.max(0) as usize)
@@ -301,7 +387,11 @@ pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo, max_batch_size_set: boo
     let all = io.inputs.iter().chain(io.outputs.iter());
     let can_batch = !io.inputs.is_empty() && all.clone().all(|t| t.shape.first() == Some(&-1));
     if !max_batch_size_set && cfg.max_batch_size == 0 && can_batch {
+        // As Triton: a default max batch size > 1 also turns the dynamic batcher on.
         cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE;
+        if cfg.dynamic_batching.is_none() && !cfg.other.contains_key("sequence_batching") {
+            cfg.dynamic_batching = Some(DynamicBatching::default());
+        }
     }
     let strip = cfg.max_batch_size > 0;
     let dims_of = |t: &IoSpec| -> Vec<i64> {
@@ -365,7 +455,8 @@ pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo, max_batch_size_set: boo
 }
 
 /// Fills defaults: name from the directory, ONNX backend when a `model.onnx` is present,
-/// `version_policy { latest { num_versions: 1 } }`, one `KIND_CPU` instance group, `FORMAT_NONE`.
+/// `version_policy { latest { num_versions: 1 } }`, one `KIND_CPU` instance group (two instances
+/// for ONNX models, as Triton), `FORMAT_NONE`.
 pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
     if cfg.name.is_empty() {
         cfg.name = dir_name.to_string();
@@ -407,6 +498,7 @@ pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
         cfg.instance_group.push(InstanceGroup::default());
     }
     let name = cfg.name.clone();
+    let onnx = cfg.is_onnx();
     for (i, g) in cfg.instance_group.iter_mut().enumerate() {
         if g.name.is_empty() {
             g.name = if i == 0 {
@@ -419,7 +511,8 @@ pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
             g.kind = "KIND_CPU".into();
         }
         if g.count == 0 {
-            g.count = 1;
+            // Triton's default: two CPU instances for ONNX Runtime models, one otherwise.
+            g.count = if onnx { 2 } else { 1 };
         }
     }
     for input in &mut cfg.input {
@@ -572,6 +665,103 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
                 format!("{p}.count"),
                 format!("must be >= 1, got {}", g.count),
             );
+        }
+    }
+    if let Some(db) = &cfg.dynamic_batching {
+        if cfg.max_batch_size == 0 && !db.preferred_batch_size.is_empty() {
+            err(
+                "dynamic_batching.preferred_batch_size".into(),
+                "needs max_batch_size >= 1".into(),
+            );
+        }
+        for &p in &db.preferred_batch_size {
+            if p < 1 || (cfg.max_batch_size > 0 && p > cfg.max_batch_size) {
+                err(
+                    "dynamic_batching.preferred_batch_size".into(),
+                    format!("{p} is outside 1..={}", cfg.max_batch_size),
+                );
+            }
+        }
+        let levels = db.priority_levels.max(1);
+        if db.priority_levels > 0
+            && (db.default_priority_level < 1 || db.default_priority_level > levels)
+        {
+            err(
+                "dynamic_batching.default_priority_level".into(),
+                format!("must be in 1..={levels}, got {}", db.default_priority_level),
+            );
+        }
+        let policies = db
+            .default_queue_policy
+            .iter()
+            .map(|p| ("dynamic_batching.default_queue_policy".to_string(), p))
+            .chain(
+                db.priority_queue_policy
+                    .iter()
+                    .map(|(l, p)| (format!("dynamic_batching.priority_queue_policy[{l}]"), p)),
+            );
+        for (path, p) in policies {
+            if !matches!(p.timeout_action.as_str(), "" | "REJECT" | "DELAY") {
+                err(
+                    format!("{path}.timeout_action"),
+                    format!("must be REJECT or DELAY, got {}", p.timeout_action),
+                );
+            }
+        }
+        for l in db.priority_queue_policy.keys() {
+            if *l < 1 || *l > levels {
+                err(
+                    format!("dynamic_batching.priority_queue_policy[{l}]"),
+                    format!("level {l} is outside 1..={levels}"),
+                );
+            }
+        }
+    }
+    for (i, w) in cfg.model_warmup.iter().enumerate() {
+        let p = format!("model_warmup[{i}]");
+        if w.batch_size < 1 || (cfg.max_batch_size == 0 && w.batch_size != 1) {
+            err(
+                format!("{p}.batch_size"),
+                format!(
+                    "must be >= 1 (and 1 when the model does not batch), got {}",
+                    w.batch_size
+                ),
+            );
+        } else if cfg.max_batch_size > 0 && w.batch_size as i32 > cfg.max_batch_size {
+            err(
+                format!("{p}.batch_size"),
+                format!(
+                    "{} exceeds max_batch_size {}",
+                    w.batch_size, cfg.max_batch_size
+                ),
+            );
+        }
+        for (name, input) in &w.inputs {
+            if !cfg.input.iter().any(|c| &c.name == name) {
+                err(
+                    format!("{p}.inputs[{name}]"),
+                    "is not an input of the model".into(),
+                );
+            }
+            let sources = [
+                input.zero_data.is_some(),
+                input.random_data.is_some(),
+                input.input_data_file.is_some(),
+            ];
+            if sources.iter().filter(|s| **s).count() != 1 {
+                err(
+                    format!("{p}.inputs[{name}]"),
+                    "needs exactly one of zero_data, random_data, input_data_file".into(),
+                );
+            }
+            if let Some(f) = &input.input_data_file {
+                if !model_dir.join("warmup").join(f).is_file() {
+                    err(
+                        format!("{p}.inputs[{name}].input_data_file"),
+                        format!("file 'warmup/{f}' not found in the model directory"),
+                    );
+                }
+            }
         }
     }
     if errs.is_empty() {

@@ -107,6 +107,10 @@ fn autocomplete_fills_everything_from_the_model() {
     let mut cfg = parse_pbtxt("cls", "").unwrap();
     autocomplete(&mut cfg, &io(), false);
     assert_eq!(cfg.max_batch_size, DEFAULT_MAX_BATCH_SIZE);
+    assert!(
+        cfg.dynamic_batching.is_some(),
+        "a defaulted max_batch_size turns batching on"
+    );
     assert_eq!(cfg.input[0].dims, vec![3, 48, 192]);
     assert_eq!(cfg.input[0].data_type, "TYPE_FP32");
     assert_eq!(cfg.output[0].dims, vec![2]);
@@ -158,6 +162,6 @@ fn normalize_sets_triton_defaults() {
         1
     );
     assert_eq!(cfg.instance_group[0].kind, "KIND_CPU");
-    assert_eq!(cfg.instance_group[0].count, 1);
+    assert_eq!(cfg.instance_group[0].count, 2);
     assert_eq!(cfg.default_model_filename, "model.onnx");
 }

@@ -20,8 +20,11 @@ use serde_json::{json, Value};
 use wisp_core::config::config_to_json;
 use wisp_core::{DataType, Error};
 
-use crate::registry::{ModelEntry, Registry, VersionState};
+use crate::cache::ResponseCache;
+use crate::metrics::Metrics;
+use crate::registry::{ModelEntry, ModelVersion, Registry, VersionState};
 use error::ApiError;
+use wisp_scheduler::{DurationStat, FailReason};
 
 /// The header carrying the JSON length when binary tensor data follows it.
 pub const HEADER_LEN: &str = "inference-header-content-length";
@@ -32,6 +35,8 @@ pub const EXTENSIONS: &[&str] = &[
     "binary_tensor_data",
     "model_configuration",
     "parameters",
+    "schedule_policy",
+    "statistics",
 ];
 
 /// Shared state of the HTTP front end.
@@ -42,6 +47,8 @@ pub struct AppState {
     pub max_input_size: usize,
     /// Ready only if every model is ready.
     pub strict_readiness: bool,
+    /// The response cache (`--cache-config`), if any.
+    pub cache: Option<Arc<ResponseCache>>,
 }
 
 type ApiResult = Result<Response, ApiError>;
@@ -59,6 +66,7 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
         (["v2"], &Method::GET) => Ok(server_metadata()),
         (["v2", "health", "live"], &Method::GET) => Ok(StatusCode::OK.into_response()),
         (["v2", "health", "ready"], &Method::GET) => Ok(server_ready(&app)),
+        (["v2", "models", "stats"], &Method::GET) => Ok(stats(&app, None, None)),
         (["v2", "models", rest @ ..], _) if !rest.is_empty() => {
             model_route(&app, rest, &method, req).await
         }
@@ -85,8 +93,17 @@ async fn model_route(app: &AppState, rest: &[&str], method: &Method, req: Reques
         (None, &Method::GET) => model_metadata(app, model, version),
         (Some("ready"), &Method::GET) => Ok(model_ready(app, model, version)),
         (Some("config"), &Method::GET) => model_config(app, model, version),
+        (Some("stats"), &Method::GET) => {
+            app.registry.entry(model)?;
+            if let Some(v) = version {
+                app.registry.get(model, Some(v))?;
+            }
+            Ok(stats(app, Some(model), version))
+        }
         (Some("infer"), &Method::POST) => infer(app, model, version, req).await,
-        (Some("ready" | "config"), _) | (None, _) => Err(method_not_allowed(method, "GET")),
+        (Some("ready" | "config" | "stats"), _) | (None, _) => {
+            Err(method_not_allowed(method, "GET"))
+        }
         (Some("infer"), _) => Err(method_not_allowed(method, "POST")),
         (Some(other), _) => Err(Error::not_found(format!("unknown model action '{other}'")).into()),
     }
@@ -232,9 +249,42 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
                 })?,
         ),
     };
+    let received = std::time::Instant::now();
     let body = read_body(&parts.headers, body, app.max_input_size).await?;
-    let decoded = codec::decode(body, header_len, &m.config)?;
-    let response = m.infer(decoded.request.clone()).await?;
+    let decoded = match codec::decode(body, header_len, &m.config) {
+        Ok(d) => d,
+        Err(e) => {
+            m.stats()
+                .record_failure(FailReason::Other, received.elapsed());
+            return Err(e.into());
+        }
+    };
+    let cache = app
+        .cache
+        .as_ref()
+        .filter(|_| m.config.response_cache.as_ref().is_some_and(|c| c.enable));
+    let response = match cache {
+        None => m.infer(decoded.request.clone()).await?,
+        Some(cache) => {
+            let lookup = std::time::Instant::now();
+            let key = crate::cache::key(&m.name, m.version, &decoded.request);
+            match cache.get(key) {
+                Some(hit) => {
+                    m.stats()
+                        .record_cache_hit(lookup.elapsed(), received.elapsed());
+                    (*hit).clone()
+                }
+                None => {
+                    let miss = lookup.elapsed();
+                    let r = m.infer(decoded.request.clone()).await?;
+                    let insert = std::time::Instant::now();
+                    cache.insert(key, Arc::new(r.clone()));
+                    m.stats().cache_miss.add(miss + insert.elapsed());
+                    r
+                }
+            }
+        }
+    };
     let labels = |name: &str| m.labels.get(name).cloned();
     let enc = codec::encode(response, &decoded, &m.config, m.version, &labels)?;
     let mut resp = Response::new(Body::from(enc.body));
@@ -255,4 +305,80 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
         }
     }
     Ok(resp)
+}
+
+fn stat_json(s: &DurationStat) -> Value {
+    let (count, ns) = s.get();
+    json!({ "count": count, "ns": ns })
+}
+
+fn version_stats(m: &ModelVersion) -> Value {
+    let s = m.stats();
+    let batch: Vec<Value> = s
+        .batch_stats()
+        .into_iter()
+        .map(|(size, b)| {
+            json!({
+                "batch_size": size,
+                "compute_input": { "count": b.count, "ns": b.input_ns },
+                "compute_infer": { "count": b.count, "ns": b.infer_ns },
+                "compute_output": { "count": b.count, "ns": b.output_ns },
+            })
+        })
+        .collect();
+    json!({
+        "name": m.name,
+        "version": m.version.to_string(),
+        "last_inference": s.last_inference_ms(),
+        "inference_count": s.inference_count(),
+        "execution_count": s.execution_count(),
+        "inference_stats": {
+            "success": stat_json(&s.success),
+            "fail": stat_json(&s.fail),
+            "queue": stat_json(&s.queue),
+            "compute_input": stat_json(&s.compute_input),
+            "compute_infer": stat_json(&s.compute_infer),
+            "compute_output": stat_json(&s.compute_output),
+            "cache_hit": stat_json(&s.cache_hit),
+            "cache_miss": stat_json(&s.cache_miss),
+        },
+        "response_stats": {},
+        "batch_stats": batch,
+        "memory_usage": [],
+    })
+}
+
+/// The statistics extension: every ready version of `model` (or of every model), or one.
+fn stats(app: &AppState, model: Option<&str>, version: Option<&str>) -> Response {
+    let mut out = Vec::new();
+    for (name, entry) in app.registry.models() {
+        if model.is_some_and(|m| m != name) {
+            continue;
+        }
+        for (v, state) in &entry.versions {
+            if version.is_some_and(|want| want.parse::<u64>().ok() != Some(*v)) {
+                continue;
+            }
+            if let VersionState::Ready(m) = state {
+                out.push(version_stats(m));
+            }
+        }
+    }
+    json_response(json!({ "model_stats": out }))
+}
+
+/// The metrics front end: `GET /metrics` in Prometheus text format.
+pub fn metrics_router(metrics: Arc<Metrics>, registry: Arc<Registry>) -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let (metrics, registry) = (metrics.clone(), registry.clone());
+            async move {
+                let body = tokio::task::spawn_blocking(move || metrics.render(&registry))
+                    .await
+                    .unwrap_or_default();
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+            }
+        }),
+    )
 }

@@ -1,0 +1,409 @@
+//! Scheduler behaviour with real threads but no timing races: a gated test instance holds each
+//! execution until the test releases it, so queues fill deterministically; the only time-based
+//! checks use generous margins.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use wisp_core::backend::{ExecTiming, Instance};
+use wisp_core::config::{DynamicBatching, ModelConfig, QueuePolicy};
+use wisp_core::tensor::{concat_batch, split_batch};
+use wisp_core::{DataType, ErrorKind, InferRequest, InferResponse, Result, Tensor};
+
+use crate::{FailReason, Policy, Scheduler};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Doubles its single FP32 input, after concatenating the batch (as the ONNX backend does).
+/// Before executing a batch whose first request id starts with `hold`, it reports the batch's
+/// ids on `started` and waits for a permit.
+struct Gated {
+    hold: &'static str,
+    started: Sender<Vec<String>>,
+    permits: Arc<Mutex<Receiver<()>>>,
+}
+
+impl Instance for Gated {
+    fn execute(
+        &mut self,
+        batch: &[InferRequest],
+        _t: &mut ExecTiming,
+    ) -> Vec<Result<InferResponse>> {
+        let ids: Vec<String> = batch.iter().map(|r| r.id.clone()).collect();
+        let _ = self.started.send(ids.clone());
+        if ids[0].starts_with(self.hold) {
+            self.permits
+                .lock()
+                .unwrap()
+                .recv_timeout(WAIT)
+                .expect("permit");
+        }
+        if ids.iter().any(|i| i == "panic") {
+            panic!("boom");
+        }
+        let parts: Vec<&Tensor> = batch.iter().map(|r| &r.inputs[0]).collect();
+        let all = concat_batch(&parts).unwrap();
+        let doubled: Vec<u8> = all
+            .data
+            .chunks_exact(4)
+            .flat_map(|c| (f32::from_le_bytes(c.try_into().unwrap()) * 2.0).to_le_bytes())
+            .collect();
+        let out = Tensor {
+            name: "y".into(),
+            data: doubled.into(),
+            ..all
+        };
+        let sizes: Vec<usize> = batch.iter().map(|r| r.batch_size(true)).collect();
+        split_batch(&out, &sizes)
+            .unwrap()
+            .into_iter()
+            .map(|t| Ok(InferResponse { outputs: vec![t] }))
+            .collect()
+    }
+}
+
+struct Harness {
+    s: Scheduler,
+    started: Receiver<Vec<String>>,
+    permit: Sender<()>,
+    done: Receiver<(String, Result<InferResponse>)>,
+    done_tx: Sender<(String, Result<InferResponse>)>,
+}
+
+fn policy(mbs: i32, db: Option<DynamicBatching>) -> Policy {
+    let cfg = ModelConfig {
+        max_batch_size: mbs,
+        dynamic_batching: db,
+        ..Default::default()
+    };
+    Policy::from_config(&cfg)
+}
+
+fn harness(policy: Policy, instances: usize, hold: &'static str) -> Harness {
+    let (started_tx, started) = channel();
+    let (permit, permits) = channel();
+    let permits = Arc::new(Mutex::new(permits));
+    let inst: Vec<Box<dyn Instance>> = (0..instances)
+        .map(|_| {
+            Box::new(Gated {
+                hold,
+                started: started_tx.clone(),
+                permits: permits.clone(),
+            }) as Box<dyn Instance>
+        })
+        .collect();
+    let (done_tx, done) = channel();
+    Harness {
+        s: Scheduler::start("test", policy, inst, None).unwrap(),
+        started,
+        permit,
+        done,
+        done_tx,
+    }
+}
+
+fn req(id: &str, rows: usize, params: serde_json::Value) -> InferRequest {
+    let data: Vec<u8> = (0..rows)
+        .flat_map(|i| (i as f32 + 1.0).to_le_bytes())
+        .collect();
+    InferRequest {
+        id: id.into(),
+        inputs: vec![Tensor::new("x", DataType::Fp32, vec![rows as i64, 1], data.into()).unwrap()],
+        parameters: params.as_object().cloned().unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+impl Harness {
+    fn send(&self, id: &str, rows: usize, params: serde_json::Value) -> Result<()> {
+        let tx = self.done_tx.clone();
+        let id2 = id.to_string();
+        self.s.enqueue(
+            req(id, rows, params),
+            Box::new(move |r| tx.send((id2, r)).unwrap()),
+        )
+    }
+    fn batch_started(&self) -> Vec<String> {
+        self.started.recv_timeout(WAIT).expect("a batch starts")
+    }
+    fn release(&self) {
+        self.permit.send(()).unwrap();
+    }
+    fn result(&self) -> (String, Result<InferResponse>) {
+        self.done.recv_timeout(WAIT).expect("a response")
+    }
+}
+
+fn dynamic(f: impl FnOnce(&mut DynamicBatching)) -> Option<DynamicBatching> {
+    let mut db = DynamicBatching::default();
+    f(&mut db);
+    Some(db)
+}
+
+#[test]
+fn batches_fill_up_to_max_batch_size_and_answer_the_right_request() {
+    let h = harness(policy(4, dynamic(|_| {})), 1, "hold");
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    assert_eq!(h.batch_started(), vec!["hold"]);
+    // queued while the instance is busy: rows 1, 2, 1, 3 → batches [a,b,c] (4 rows) then [d]
+    for (id, rows) in [("a", 1), ("b", 2), ("c", 1), ("d", 3)] {
+        h.send(id, rows, serde_json::json!({})).unwrap();
+    }
+    h.release();
+    assert_eq!(h.batch_started(), vec!["a", "b", "c"]);
+    assert_eq!(h.batch_started(), vec!["d"]);
+    for _ in 0..5 {
+        let (id, r) = h.result();
+        let out = &r.unwrap().outputs[0];
+        let rows = match id.as_str() {
+            "b" => 2,
+            "d" => 3,
+            _ => 1,
+        };
+        assert_eq!(out.shape, vec![rows, 1], "{id}");
+        let v: Vec<f32> = out
+            .data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let want: Vec<f32> = (0..rows).map(|i| (i as f32 + 1.0) * 2.0).collect();
+        assert_eq!(v, want, "{id} got another request's rows");
+    }
+    let st = h.s.stats();
+    assert_eq!(st.execution_count(), 3);
+    assert_eq!(st.inference_count(), 8);
+    assert_eq!(st.success.get().0, 5);
+    let b = st.batch_stats();
+    assert_eq!(b[&4].count, 1);
+    assert_eq!(b[&3].count, 1);
+}
+
+#[test]
+fn a_preferred_size_goes_at_once_and_a_lone_request_after_the_delay() {
+    let h = harness(
+        policy(
+            8,
+            dynamic(|d| {
+                d.preferred_batch_size = vec![2];
+                d.max_queue_delay_microseconds = 100_000;
+            }),
+        ),
+        1,
+        "hold",
+    );
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    for id in ["a", "b", "c"] {
+        h.send(id, 1, serde_json::json!({})).unwrap();
+    }
+    h.release();
+    // a preferred batch of 2 is formed from the 3 queued, without waiting for the delay
+    assert_eq!(h.batch_started(), vec!["a", "b"]);
+    // c is alone: it leaves once it has waited max_queue_delay (100 ms)
+    assert_eq!(h.batch_started(), vec!["c"]);
+    let t = Instant::now();
+    h.send("lone", 1, serde_json::json!({})).unwrap();
+    assert_eq!(h.batch_started(), vec!["lone"]);
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(100),
+        "left after {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(5), "left after {waited:?}");
+}
+
+#[test]
+fn priorities_order_service() {
+    let h = harness(
+        policy(
+            1,
+            dynamic(|d| {
+                d.priority_levels = 2;
+                d.default_priority_level = 2;
+            }),
+        ),
+        1,
+        "hold",
+    );
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    h.send("low1", 1, serde_json::json!({})).unwrap();
+    h.send("low2", 1, serde_json::json!({"priority": 2}))
+        .unwrap();
+    h.send("high", 1, serde_json::json!({"priority": 1}))
+        .unwrap();
+    h.release();
+    assert_eq!(h.batch_started(), vec!["high"]);
+    assert_eq!(h.batch_started(), vec!["low1"]);
+    assert_eq!(h.batch_started(), vec!["low2"]);
+    let e = h
+        .send("bad", 1, serde_json::json!({"priority": "high"}))
+        .unwrap_err();
+    assert!(e.message().contains("'priority'"));
+}
+
+#[test]
+fn a_full_queue_rejects_at_once_without_disturbing_others() {
+    let h = harness(
+        policy(
+            4,
+            dynamic(|d| {
+                d.default_queue_policy = Some(QueuePolicy {
+                    max_queue_size: 2,
+                    ..Default::default()
+                });
+            }),
+        ),
+        1,
+        "hold",
+    );
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    h.send("a", 1, serde_json::json!({})).unwrap();
+    h.send("b", 1, serde_json::json!({})).unwrap();
+    let e = h.send("c", 1, serde_json::json!({})).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert!(e.message().contains("Exceeds maximum queue size"), "{e}");
+    assert_eq!(h.s.stats().failures(FailReason::Rejected), 1);
+    h.release();
+    let mut ok: Vec<String> = (0..3)
+        .map(|_| {
+            let (id, r) = h.result();
+            assert!(r.is_ok());
+            id
+        })
+        .collect();
+    ok.sort();
+    assert_eq!(ok, vec!["a", "b", "hold"]);
+}
+
+#[test]
+fn timeouts_reject_or_delay() {
+    // REJECT (default action): the queued request times out while the instance is busy.
+    let h = harness(
+        policy(
+            1,
+            dynamic(|d| {
+                d.default_queue_policy = Some(QueuePolicy {
+                    default_timeout_microseconds: 50_000,
+                    ..Default::default()
+                });
+            }),
+        ),
+        1,
+        "hold",
+    );
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    h.send("late", 1, serde_json::json!({})).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    h.release();
+    let mut got: Vec<(String, bool)> = (0..2)
+        .map(|_| {
+            let (id, r) = h.result();
+            (id, r.is_ok())
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![("hold".into(), true), ("late".into(), false)]);
+    assert_eq!(h.s.stats().failures(FailReason::Rejected), 1);
+
+    // DELAY: a timed-out request is served after the in-time ones of its level.
+    let h = harness(
+        policy(
+            1,
+            dynamic(|d| {
+                d.default_queue_policy = Some(QueuePolicy {
+                    timeout_action: "DELAY".into(),
+                    allow_timeout_override: true,
+                    ..Default::default()
+                });
+            }),
+        ),
+        1,
+        "hold",
+    );
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    h.send("late", 1, serde_json::json!({"timeout": 20_000}))
+        .unwrap();
+    h.send("b", 1, serde_json::json!({})).unwrap();
+    h.send("c", 1, serde_json::json!({})).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    h.release();
+    assert_eq!(h.batch_started(), vec!["b"]);
+    assert_eq!(h.batch_started(), vec!["c"]);
+    assert_eq!(h.batch_started(), vec!["late"]);
+    for _ in 0..4 {
+        assert!(h.result().1.is_ok());
+    }
+}
+
+#[test]
+fn preserve_ordering_holds_back_later_responses() {
+    for preserve in [false, true] {
+        let h = harness(
+            policy(1, dynamic(|d| d.preserve_ordering = preserve)),
+            2,
+            "slow",
+        );
+        h.send("slow", 1, serde_json::json!({})).unwrap();
+        h.batch_started();
+        h.send("fast", 1, serde_json::json!({})).unwrap();
+        h.batch_started();
+        if !preserve {
+            assert_eq!(h.result().0, "fast");
+            h.release();
+            assert_eq!(h.result().0, "slow");
+        } else {
+            // fast has finished executing but must wait for slow
+            assert!(h.done.recv_timeout(Duration::from_millis(200)).is_err());
+            h.release();
+            assert_eq!(h.result().0, "slow");
+            assert_eq!(h.result().0, "fast");
+        }
+    }
+}
+
+#[test]
+fn serves_every_request_and_survives_a_panic() {
+    let h = harness(policy(0, None), 2, "never");
+    for id in ["a", "panic", "b", "c"] {
+        h.send(id, 1, serde_json::json!({})).unwrap();
+    }
+    let mut got: Vec<(String, bool)> = (0..4)
+        .map(|_| {
+            let (id, r) = h.result();
+            (id, r.is_ok())
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("a".into(), true),
+            ("b".into(), true),
+            ("c".into(), true),
+            ("panic".into(), false)
+        ]
+    );
+    assert_eq!(h.s.inflight(), 0);
+    assert_eq!(h.s.stats().failures(FailReason::Backend), 1);
+}
+
+#[test]
+fn stop_drains_then_rejects() {
+    let h = harness(
+        policy(4, dynamic(|d| d.max_queue_delay_microseconds = 10_000_000)),
+        1,
+        "never",
+    );
+    for i in 0..20 {
+        h.send(&i.to_string(), 1, serde_json::json!({})).unwrap();
+    }
+    h.s.stop();
+    assert_eq!(h.done.try_iter().filter(|(_, r)| r.is_ok()).count(), 20);
+    let e = h.send("late", 1, serde_json::json!({})).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+}

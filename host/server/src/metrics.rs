@@ -1,0 +1,322 @@
+//! Prometheus metrics on `--metrics-port` (`GET /metrics`), with Triton's family names and
+//! labels (`model`, `version`, `reason`) so existing dashboards work unchanged.
+//!
+//! Counters and gauges are taken from each model version's statistics at scrape time (so the
+//! statistics extension and the metrics can never disagree); latency summaries
+//! (`--metrics-config summary_latencies=true`) are fed per request by the scheduler. Each server
+//! owns its own recorder (`metrics::with_local_recorder`), so several servers can share a process.
+
+use std::sync::{Arc, Mutex};
+
+use metrics::{counter, gauge, histogram, with_local_recorder};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+use wisp_scheduler::{FailReason, Observer, RequestTiming};
+
+use crate::registry::{Registry, VersionState};
+
+/// Triton's default summary quantiles.
+pub const DEFAULT_QUANTILES: [f64; 5] = [0.5, 0.9, 0.95, 0.99, 0.999];
+
+/// What `--metrics-config` turns on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsOptions {
+    /// `summary_latencies`: per-request latency summaries.
+    pub summary_latencies: bool,
+    /// `summary_quantiles`.
+    pub quantiles: Vec<f64>,
+    /// `counter_latencies`: cumulative duration counters (default on).
+    pub counter_latencies: bool,
+}
+
+impl Default for MetricsOptions {
+    fn default() -> Self {
+        MetricsOptions {
+            summary_latencies: false,
+            quantiles: DEFAULT_QUANTILES.to_vec(),
+            counter_latencies: true,
+        }
+    }
+}
+
+impl MetricsOptions {
+    /// Parses `--metrics-config` values (`key=value`, Triton's keys).
+    pub fn parse(items: &[String]) -> Result<Self, String> {
+        let mut o = MetricsOptions::default();
+        let boolean = |k: &str, v: &str| match v {
+            "true" | "1" => Ok(true),
+            "false" | "0" => Ok(false),
+            _ => Err(format!(
+                "--metrics-config {k}: expected true or false, got '{v}'"
+            )),
+        };
+        for item in items {
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| format!("--metrics-config '{item}': expected key=value"))?;
+            match k {
+                "summary_latencies" => o.summary_latencies = boolean(k, v)?,
+                "counter_latencies" => o.counter_latencies = boolean(k, v)?,
+                "summary_quantiles" => {
+                    o.quantiles = v
+                        .split(',')
+                        .map(|q| {
+                            q.split(':')
+                                .next()
+                                .and_then(|x| x.trim().parse::<f64>().ok())
+                                .filter(|x| (0.0..=1.0).contains(x))
+                                .ok_or_else(|| {
+                                    format!(
+                                        "--metrics-config summary_quantiles: bad quantile '{q}'"
+                                    )
+                                })
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
+                // accepted for compatibility, no effect on CPU
+                "histogram_latencies" => {
+                    boolean(k, v)?;
+                }
+                other => return Err(format!("--metrics-config: unknown key '{other}'")),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// The server's metrics recorder.
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    options: MetricsOptions,
+    cpu: Mutex<Option<(u64, u64)>>,
+}
+
+impl Metrics {
+    /// A recorder with `options`.
+    pub fn new(options: MetricsOptions) -> Result<Arc<Self>, String> {
+        let recorder = PrometheusBuilder::new()
+            .set_quantiles(&options.quantiles)
+            .map_err(|e| format!("metrics: {e}"))?
+            .build_recorder();
+        let m = Arc::new(Metrics {
+            recorder,
+            options,
+            cpu: Mutex::new(None),
+        });
+        with_local_recorder(&m.recorder, describe);
+        Ok(m)
+    }
+
+    /// A per-request observer feeding the latency summaries, when they are on.
+    pub fn observer(self: &Arc<Self>, model: &str, version: u64) -> Option<Observer> {
+        if !self.options.summary_latencies {
+            return None;
+        }
+        let me = self.clone();
+        let (model, version) = (model.to_string(), version.to_string());
+        Some(Arc::new(move |t: &RequestTiming| {
+            with_local_recorder(&me.recorder, || {
+                let l = [("model", model.clone()), ("version", version.clone())];
+                let us = |ns: u64| ns as f64 / 1000.0;
+                histogram!("nv_inference_request_summary_us", &l)
+                    .record(t.total.as_secs_f64() * 1e6);
+                if t.ok {
+                    histogram!("nv_inference_queue_summary_us", &l)
+                        .record(t.queue.as_secs_f64() * 1e6);
+                    histogram!("nv_inference_compute_input_summary_us", &l)
+                        .record(us(t.exec.input_ns));
+                    histogram!("nv_inference_compute_infer_summary_us", &l)
+                        .record(us(t.exec.infer_ns));
+                    histogram!("nv_inference_compute_output_summary_us", &l)
+                        .record(us(t.exec.output_ns));
+                }
+            })
+        }))
+    }
+
+    /// The Prometheus text for the current state of `registry`.
+    pub fn render(&self, registry: &Registry) -> String {
+        with_local_recorder(&self.recorder, || {
+            for entry in registry.models().values() {
+                for state in entry.versions.values() {
+                    let VersionState::Ready(m) = state else {
+                        continue;
+                    };
+                    let l = [
+                        ("model", m.name.clone()),
+                        ("version", m.version.to_string()),
+                    ];
+                    let s = m.stats();
+                    counter!("nv_inference_request_success", &l).absolute(s.success.get().0);
+                    for r in FailReason::ALL {
+                        let lr = [
+                            ("model", m.name.clone()),
+                            ("version", m.version.to_string()),
+                            ("reason", r.label().to_string()),
+                        ];
+                        counter!("nv_inference_request_failure", &lr).absolute(s.failures(r));
+                    }
+                    counter!("nv_inference_count", &l).absolute(s.inference_count());
+                    counter!("nv_inference_exec_count", &l).absolute(s.execution_count());
+                    gauge!("nv_inference_pending_request_count", &l).set(m.pending() as f64);
+                    gauge!("nv_model_load_duration_secs", &l).set(m.load_secs);
+                    if self.options.counter_latencies {
+                        let us = |(_, ns): (u64, u64)| ns / 1000;
+                        let total = s.success.get().1 + s.fail.get().1;
+                        counter!("nv_inference_request_duration_us", &l).absolute(total / 1000);
+                        counter!("nv_inference_queue_duration_us", &l).absolute(us(s.queue.get()));
+                        counter!("nv_inference_compute_input_duration_us", &l)
+                            .absolute(us(s.compute_input.get()));
+                        counter!("nv_inference_compute_infer_duration_us", &l)
+                            .absolute(us(s.compute_infer.get()));
+                        counter!("nv_inference_compute_output_duration_us", &l)
+                            .absolute(us(s.compute_output.get()));
+                    }
+                    if m.config.response_cache.as_ref().is_some_and(|c| c.enable) {
+                        let (hits, hit_ns) = s.cache_hit.get();
+                        let (misses, miss_ns) = s.cache_miss.get();
+                        counter!("nv_cache_num_hits_per_model", &l).absolute(hits);
+                        counter!("nv_cache_num_misses_per_model", &l).absolute(misses);
+                        counter!("nv_cache_hit_duration_per_model", &l).absolute(hit_ns / 1000);
+                        counter!("nv_cache_miss_duration_per_model", &l).absolute(miss_ns / 1000);
+                    }
+                }
+            }
+            if let Some(u) = self.cpu_utilization() {
+                gauge!("nv_cpu_utilization").set(u);
+            }
+            if let Some((total, used)) = memory() {
+                gauge!("nv_cpu_memory_total_bytes").set(total as f64);
+                gauge!("nv_cpu_memory_used_bytes").set(used as f64);
+            }
+        });
+        self.recorder.handle().render()
+    }
+
+    /// CPU utilization (0..1) since the previous scrape (since boot on the first).
+    fn cpu_utilization(&self) -> Option<f64> {
+        let (busy, total) = cpu_times()?;
+        let mut prev = self.cpu.lock().expect("cpu sample lock");
+        let (pb, pt) = prev.unwrap_or((0, 0));
+        *prev = Some((busy, total));
+        let dt = total.saturating_sub(pt);
+        (dt > 0).then(|| busy.saturating_sub(pb) as f64 / dt as f64)
+    }
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_counter!(
+        "nv_inference_request_success",
+        "Number of successful inference requests, all batch sizes"
+    );
+    describe_counter!(
+        "nv_inference_request_failure",
+        "Number of failed inference requests, all batch sizes"
+    );
+    describe_counter!(
+        "nv_inference_count",
+        "Number of inferences performed (does not include cached requests)"
+    );
+    describe_counter!(
+        "nv_inference_exec_count",
+        "Number of model executions performed (does not include cached requests)"
+    );
+    describe_gauge!(
+        "nv_inference_pending_request_count",
+        "Instantaneous number of pending requests awaiting execution per-model."
+    );
+    describe_counter!(
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds (includes cached requests)"
+    );
+    describe_counter!(
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds (includes cached requests)"
+    );
+    describe_counter!(
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)"
+    );
+    describe_counter!(
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)"
+    );
+    describe_counter!("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)");
+    describe_gauge!("nv_model_load_duration_secs", "Model load time in seconds");
+    describe_gauge!("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]");
+    describe_gauge!(
+        "nv_cpu_memory_total_bytes",
+        "CPU total memory (RAM), in bytes"
+    );
+    describe_gauge!(
+        "nv_cpu_memory_used_bytes",
+        "CPU used memory (RAM), in bytes"
+    );
+    describe_counter!(
+        "nv_cache_num_hits_per_model",
+        "Number of cache hits per model"
+    );
+    describe_counter!(
+        "nv_cache_num_misses_per_model",
+        "Number of cache misses per model"
+    );
+    describe_counter!(
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds"
+    );
+    describe_counter!(
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insertion) duration per model, in microseconds"
+    );
+}
+
+/// (busy, total) jiffies from `/proc/stat`.
+fn cpu_times() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().next()?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    if v.len() < 4 {
+        return None;
+    }
+    let total: u64 = v.iter().sum();
+    let idle = v[3] + v.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// (total, used) bytes from `/proc/meminfo`.
+fn memory() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        line.split_whitespace()
+            .nth(1)?
+            .parse::<u64>()
+            .ok()
+            .map(|kb| kb * 1024)
+    };
+    let total = field("MemTotal:")?;
+    let avail = field("MemAvailable:")?;
+    Some((total, total.saturating_sub(avail)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_config_parses_triton_keys() {
+        let o = MetricsOptions::parse(&[
+            "summary_latencies=true".into(),
+            "summary_quantiles=0.5:0.05,0.99:0.001".into(),
+        ])
+        .unwrap();
+        assert!(o.summary_latencies);
+        assert_eq!(o.quantiles, vec![0.5, 0.99]);
+        assert!(MetricsOptions::parse(&["nope=1".into()]).is_err());
+        assert!(MetricsOptions::parse(&["summary_latencies=maybe".into()]).is_err());
+    }
+}
