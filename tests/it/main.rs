@@ -3,5 +3,6 @@
 
 mod common;
 mod http_api;
+mod management;
 mod models;
 mod scheduling;

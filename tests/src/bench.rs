@@ -115,7 +115,14 @@ fn in_process(
     let req = InferRequest {
         inputs: input
             .iter()
-            .map(|(n, dt, s, d)| Tensor::new(*n, DataType::parse(dt).unwrap(), s.clone(), d.clone().into()))
+            .map(|(n, dt, s, d)| {
+                Tensor::new(
+                    *n,
+                    DataType::parse(dt).unwrap(),
+                    s.clone(),
+                    d.clone().into(),
+                )
+            })
             .collect::<Result<_, _>>()
             .map_err(|e| anyhow!("{e}"))?,
         ..Default::default()
@@ -191,7 +198,11 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-fn start_server(rt: &tokio::runtime::Runtime, repo: &Path, engine: OnnxEngine) -> anyhow::Result<Server> {
+fn start_server(
+    rt: &tokio::runtime::Runtime,
+    repo: &Path,
+    engine: OnnxEngine,
+) -> anyhow::Result<Server> {
     let mut settings = Settings::for_repository(repo);
     settings.http_address = "127.0.0.1".parse()?;
     settings.http_port = 0;
@@ -201,17 +212,33 @@ fn start_server(rt: &tokio::runtime::Runtime, repo: &Path, engine: OnnxEngine) -
     rt.block_on(Server::start(settings)).context("server start")
 }
 
-fn http_suite(args: &Args, rt: &tokio::runtime::Runtime, backend: &OnnxBackend, engine: OnnxEngine) -> anyhow::Result<()> {
+fn http_suite(
+    args: &Args,
+    rt: &tokio::runtime::Runtime,
+    backend: &OnnxBackend,
+    engine: OnnxEngine,
+) -> anyhow::Result<()> {
     println!("## http: server over HTTP (binary tensors) vs the backend in-process\n");
     println!("| model | concurrency | in-process req/s | p50 µs | p99 µs | server req/s | p50 µs | p99 µs | server/in-process throughput | added p50 µs |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for m in models() {
         if !m.repo.join(m.name).is_dir() {
-            anyhow::bail!("{} missing: run ./dev bench (it fetches the demo models)", m.name);
+            anyhow::bail!(
+                "{} missing: run ./dev bench (it fetches the demo models)",
+                m.name
+            );
         }
         let server = start_server(rt, &m.repo, engine)?;
         let addr = server.http_addr();
-        let inproc = in_process(backend, m.name, &m.repo, &m.input, 1, args.seconds, args.max_requests)?;
+        let inproc = in_process(
+            backend,
+            m.name,
+            &m.repo,
+            &m.input,
+            1,
+            args.seconds,
+            args.max_requests,
+        )?;
         for &c in &args.concurrency {
             let s = rt.block_on(over_http(addr, &m, c, args.seconds, args.max_requests))?;
             println!(
@@ -243,8 +270,16 @@ fn ppocr_variant(extra: &str) -> anyhow::Result<tempfile::TempDir> {
     Ok(dir)
 }
 
-fn batching_suite(args: &Args, rt: &tokio::runtime::Runtime, backend: &OnnxBackend, engine: OnnxEngine) -> anyhow::Result<()> {
-    let m = models().into_iter().find(|m| m.name == "ppocr_cls").expect("ppocr model");
+fn batching_suite(
+    args: &Args,
+    rt: &tokio::runtime::Runtime,
+    backend: &OnnxBackend,
+    engine: OnnxEngine,
+) -> anyhow::Result<()> {
+    let m = models()
+        .into_iter()
+        .find(|m| m.name == "ppocr_cls")
+        .expect("ppocr model");
     println!("## batching: ppocr_cls over HTTP binary, one instance\n");
     // (c) the limit: in-process at each batch size, best throughput
     println!("in-process executions (requests per execution = batch):\n");
@@ -253,8 +288,21 @@ fn batching_suite(args: &Args, rt: &tokio::runtime::Runtime, backend: &OnnxBacke
     let mut best: Option<(usize, Stats)> = None;
     let mut compute16 = Duration::ZERO;
     for b in [1usize, 2, 4, 8, 16] {
-        let s = in_process(backend, m.name, &m.repo, &m.input, b, args.seconds, args.max_requests)?;
-        println!("| {b} | {:.0} | {:.0} | {:.0} |", s.rps, us(s.p50), us(s.p99));
+        let s = in_process(
+            backend,
+            m.name,
+            &m.repo,
+            &m.input,
+            b,
+            args.seconds,
+            args.max_requests,
+        )?;
+        println!(
+            "| {b} | {:.0} | {:.0} | {:.0} |",
+            s.rps,
+            us(s.p50),
+            us(s.p99)
+        );
         if b == 16 {
             compute16 = s.p50;
         }
@@ -263,14 +311,23 @@ fn batching_suite(args: &Args, rt: &tokio::runtime::Runtime, backend: &OnnxBacke
         }
     }
     let (best_b, best) = best.expect("measured");
-    println!("\n(c) best in-process: batch {best_b}, {:.0} req/s\n", best.rps);
+    println!(
+        "\n(c) best in-process: batch {best_b}, {:.0} req/s\n",
+        best.rps
+    );
     let plain = ppocr_variant("")?;
     let dynamic = ppocr_variant("dynamic_batching { }")?;
     let mut rows = Vec::new();
     for (label, repo) in [("a", plain.path()), ("b", dynamic.path())] {
         let server = start_server(rt, repo, engine)?;
         for &c in &args.batching_concurrency {
-            let s = rt.block_on(over_http(server.http_addr(), &m, c, args.seconds, args.max_requests))?;
+            let s = rt.block_on(over_http(
+                server.http_addr(),
+                &m,
+                c,
+                args.seconds,
+                args.max_requests,
+            ))?;
             rows.push((label, c, s));
         }
         rt.block_on(server.shutdown())?;
@@ -282,8 +339,15 @@ fn batching_suite(args: &Args, rt: &tokio::runtime::Runtime, backend: &OnnxBacke
         let b = &rows.iter().find(|r| r.0 == "b" && r.1 == c).expect("b").2;
         println!(
             "| {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
-            a.rps, us(a.p50), us(a.p99), b.rps, us(b.p50), us(b.p99),
-            b.rps / a.rps, b.rps / best.rps, b.p99.as_secs_f64() / compute16.as_secs_f64(),
+            a.rps,
+            us(a.p50),
+            us(a.p99),
+            b.rps,
+            us(b.p50),
+            us(b.p99),
+            b.rps / a.rps,
+            b.rps / best.rps,
+            b.p99.as_secs_f64() / compute16.as_secs_f64(),
         );
     }
     println!();
@@ -299,7 +363,9 @@ fn main() -> anyhow::Result<()> {
     };
     let lib = find_onnxruntime(None, &ProcessEnv);
     let backend = OnnxBackend::new(choice, lib).map_err(|e| anyhow!("{e}"))?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     println!(
         "wisp-bench: engine {}, {} s per cell, {} cores\n",
         backend.engine(),

@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod http;
+pub mod logging;
 pub mod metrics;
 pub mod registry;
 pub mod settings;
@@ -18,13 +19,15 @@ use anyhow::Context;
 use wisp_backend_onnx::{find_onnxruntime, EngineChoice, OnnxBackend};
 
 use registry::{LoadOptions, Registry};
-use settings::{OnnxEngine, Settings};
+use settings::{ControlMode, OnnxEngine, Settings};
 
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     metrics_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    poller: Option<tokio::task::JoinHandle<()>>,
+    exit_timeout: std::time::Duration,
     registry: Arc<Registry>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -62,12 +65,20 @@ impl Server {
             threads: settings.model_load_thread_count,
             metrics: metrics.clone(),
         };
-        let roots = settings.model_repositories.clone();
-        let registry = tokio::task::spawn_blocking(move || Registry::load(&roots, &backend, &opts))
+        let registry = Arc::new(Registry::new(
+            settings.model_repositories.clone(),
+            Arc::new(backend),
+            opts,
+        ));
+        let initial: Option<Vec<String>> = match settings.model_control_mode {
+            ControlMode::Explicit => Some(settings.load_model.clone()),
+            ControlMode::None | ControlMode::Poll => None,
+        };
+        let r = registry.clone();
+        tokio::task::spawn_blocking(move || r.load_initial(initial.as_deref()))
             .await
             .context("model loading panicked")?
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let registry = Arc::new(registry);
         for (name, entry) in registry.models() {
             if !entry.is_ready() {
                 tracing::error!(model = %name, reason = %entry.reason(), "model UNAVAILABLE");
@@ -81,6 +92,32 @@ impl Server {
             max_input_size: settings.http_max_input_size,
             strict_readiness: settings.strict_readiness,
             cache,
+            control_mode: settings.model_control_mode,
+            logging: logging::LogControl::new(logging::LogSettings {
+                log_file: settings
+                    .log_file
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                log_info: settings.log_info,
+                log_warning: settings.log_warning,
+                log_error: settings.log_error,
+                log_verbose_level: settings.log_verbose as u64,
+                log_format: settings.log_format.clone(),
+            }),
+        });
+        let poller = (settings.model_control_mode == ControlMode::Poll).then(|| {
+            let r = registry.clone();
+            let every = std::time::Duration::from_secs(settings.repository_poll_secs.max(1));
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    let r = r.clone();
+                    let _ = tokio::task::spawn_blocking(move || r.poll()).await;
+                }
+            })
         });
         let addr = SocketAddr::new(settings.http_address, settings.http_port);
         let listener = tokio::net::TcpListener::bind(addr)
@@ -120,6 +157,8 @@ impl Server {
             addr,
             metrics_addr,
             metrics_task,
+            poller,
+            exit_timeout: std::time::Duration::from_secs(settings.exit_timeout_secs),
             registry,
             shutdown: Some(tx),
             task,
@@ -146,8 +185,20 @@ impl Server {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        (&mut self.task).await.context("HTTP task panicked")??;
+        match tokio::time::timeout(self.exit_timeout, &mut self.task).await {
+            Ok(r) => r.context("HTTP task panicked")??,
+            Err(_) => {
+                tracing::warn!(
+                    secs = self.exit_timeout.as_secs(),
+                    "exit timeout reached with requests in flight; exiting"
+                );
+                self.task.abort();
+            }
+        }
         if let Some(t) = self.metrics_task.take() {
+            t.abort();
+        }
+        if let Some(t) = self.poller.take() {
             t.abort();
         }
         let registry = self.registry.clone();

@@ -1,21 +1,46 @@
 //! The `wisp` command.
 
+use anyhow::Context;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use wisp_server::settings::{Cli, Command};
 use wisp_server::Server;
 
-fn init_logging(verbose: u8, info: bool) {
-    let level = match (verbose, info) {
-        (0, false) => "warn",
-        (0, true) => "info",
-        (1, _) => "debug",
-        _ => "trace",
+fn init_logging(settings: &wisp_server::settings::Settings) -> anyhow::Result<()> {
+    use tracing_subscriber::prelude::*;
+    let initial = wisp_server::logging::LogSettings {
+        log_file: String::new(),
+        log_info: settings.log_info,
+        log_warning: settings.log_warning,
+        log_error: settings.log_error,
+        log_verbose_level: settings.log_verbose as u64,
+        log_format: settings.log_format.clone(),
     };
-    let filter = EnvFilter::try_from_env("WISP_LOG").unwrap_or_else(|_| {
-        EnvFilter::new(format!("warn,wisp_server={level},wisp_core={level},wisp_scheduler={level},wisp_backend_onnx={level},wisp={level}"))
-    });
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let filter =
+        EnvFilter::try_from_env("WISP_LOG").unwrap_or_else(|_| EnvFilter::new(initial.filter()));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let registry = tracing_subscriber::registry().with(filter);
+    match &settings.log_file {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open --log-file {}", path.display()))?;
+            registry
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_ansi(false)
+                        .with_writer(std::sync::Mutex::new(file)),
+                )
+                .init();
+        }
+        None => registry.with(tracing_subscriber::fmt::layer()).init(),
+    }
+    wisp_server::logging::install_filter_setter(Box::new(move |f| {
+        let _ = handle.modify(|current| *current = EnvFilter::new(f));
+    }));
+    Ok(())
 }
 
 async fn shutdown_signal() {
@@ -36,7 +61,7 @@ async fn shutdown_signal() {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let Command::Serve(settings) = cli.command;
-    init_logging(settings.log_verbose, settings.log_info);
+    init_logging(&settings)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("wisp-io")

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use wisp_core::backend::{Backend, ExecTiming, Instance};
@@ -62,7 +62,8 @@ impl ModelVersion {
         self.scheduler.pending()
     }
 
-    /// Stops the scheduler after it drains its queue (blocking).
+    /// Stops the scheduler after it drains its queue (blocking). Dropping the last reference
+    /// does the same.
     fn stop(&self) {
         self.scheduler.stop();
     }
@@ -127,63 +128,311 @@ impl ModelEntry {
 pub struct LoadOptions {
     /// Fill missing config from the model file.
     pub autocomplete: bool,
-    /// Parallel loads.
+    /// Parallel loads at start-up.
     pub threads: usize,
     /// Where per-request latency summaries go, if enabled.
     pub metrics: Option<Arc<Metrics>>,
 }
 
-/// All models of the server.
+/// One row of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Model name.
+    pub name: String,
+    /// Version, when the row is about one.
+    pub version: Option<u64>,
+    /// `READY`, `UNAVAILABLE`.
+    pub state: &'static str,
+    /// Why it is not ready (or why its last reload failed while it keeps serving).
+    pub reason: String,
+}
+
+/// All models of the server. Loaded models live in a map of immutable entries; a load builds a
+/// new entry beside the old one and swaps it in atomically, so requests in flight keep the old
+/// version alive (through its `Arc`) until they finish, and it is dropped — its scheduler
+/// drained, its memory returned — when the last of them completes.
 pub struct Registry {
-    models: BTreeMap<String, ModelEntry>,
+    roots: Vec<std::path::PathBuf>,
+    backend: Arc<dyn Backend>,
+    opts: LoadOptions,
+    models: RwLock<BTreeMap<String, Arc<ModelEntry>>>,
+    /// Serializes load/unload of one model.
+    locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Why the last reload of a still-serving model failed.
+    reload_errors: Mutex<HashMap<String, String>>,
+    /// Repository fingerprint of each model at its last load attempt (poll mode).
+    fingerprints: Mutex<HashMap<String, u64>>,
 }
 
 impl Registry {
-    /// Scans the repositories and loads every model (blocking; run off the async runtime).
-    pub fn load(
-        roots: &[std::path::PathBuf],
-        backend: &dyn Backend,
-        opts: &LoadOptions,
-    ) -> Result<Self> {
-        let scan = repository::scan(roots)?;
-        let mut models: BTreeMap<String, ModelEntry> = scan
-            .broken
-            .into_iter()
-            .map(|(n, e)| (n.clone(), ModelEntry::broken(&n, e)))
-            .collect();
-        let queue = Mutex::new(scan.models);
-        let done = Mutex::new(Vec::new());
+    /// An empty registry over `roots`.
+    pub fn new(
+        roots: Vec<std::path::PathBuf>,
+        backend: Arc<dyn Backend>,
+        opts: LoadOptions,
+    ) -> Self {
+        Registry {
+            roots,
+            backend,
+            opts,
+            models: RwLock::new(BTreeMap::new()),
+            locks: Mutex::new(HashMap::new()),
+            reload_errors: Mutex::new(HashMap::new()),
+            fingerprints: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Loads the named models (all when `names` is `None`), in parallel (blocking).
+    pub fn load_initial(&self, names: Option<&[String]>) -> Result<()> {
+        let scan = repository::scan(&self.roots)?;
+        {
+            let mut models = self.models.write().expect("registry lock");
+            for (n, e) in scan.broken {
+                models.insert(n.clone(), Arc::new(ModelEntry::broken(&n, e)));
+            }
+        }
+        let wanted: Vec<ModelDir> = match names {
+            None => scan.models,
+            Some(list) if list.iter().any(|n| n == "*") => scan.models,
+            Some(list) => {
+                for n in list {
+                    if !scan.models.iter().any(|m| &m.name == n) {
+                        return Err(Error::not_found(format!(
+                            "--load-model {n}: no such model in the repositories"
+                        )));
+                    }
+                }
+                scan.models
+                    .into_iter()
+                    .filter(|m| list.contains(&m.name))
+                    .collect()
+            }
+        };
+        let queue = Mutex::new(wanted);
         std::thread::scope(|s| {
-            for _ in 0..opts.threads.max(1) {
+            for _ in 0..self.opts.threads.max(1) {
                 s.spawn(|| loop {
                     let Some(dir) = queue.lock().expect("load queue").pop() else {
                         return;
                     };
-                    let entry = load_model(&dir, backend, opts);
-                    done.lock().expect("load results").push(entry);
+                    let _ = self.load_dir(&dir, None);
                 });
             }
         });
-        for entry in done.into_inner().expect("load results") {
-            models.insert(entry.name.clone(), entry);
-        }
-        Ok(Registry { models })
+        Ok(())
     }
 
-    /// Every model, by name.
-    pub fn models(&self) -> &BTreeMap<String, ModelEntry> {
-        &self.models
+    fn lock_for(&self, name: &str) -> Arc<Mutex<()>> {
+        self.locks
+            .lock()
+            .expect("locks")
+            .entry(name.to_string())
+            .or_default()
+            .clone()
+    }
+
+    fn find_dir(&self, name: &str) -> Result<ModelDir> {
+        let scan = repository::scan(&self.roots)?;
+        if let Some((_, e)) = scan.broken.into_iter().find(|(n, _)| n == name) {
+            return Err(e);
+        }
+        scan.models
+            .into_iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| {
+                Error::not_found(format!(
+                    "unknown model: '{name}' is not in the model repositories"
+                ))
+            })
+    }
+
+    /// Loads, or reloads, a model (blocking). `config_json` replaces its `config.pbtxt` (Triton's
+    /// `config` load parameter). On failure a model that was serving keeps serving, and the
+    /// reason is reported by [`Registry::index`].
+    pub fn load(&self, name: &str, config_json: Option<&str>) -> Result<()> {
+        let dir = self.find_dir(name)?;
+        self.load_dir(&dir, config_json)
+    }
+
+    fn load_dir(&self, dir: &ModelDir, config_json: Option<&str>) -> Result<()> {
+        let lock = self.lock_for(&dir.name);
+        let _guard = lock.lock().expect("model lock");
+        self.fingerprints
+            .lock()
+            .expect("fingerprints")
+            .insert(dir.name.clone(), fingerprint(&dir.path));
+        let entry = load_model(dir, self.backend.as_ref(), &self.opts, config_json);
+        let mut models = self.models.write().expect("registry lock");
+        let old_ready = models.get(&dir.name).is_some_and(|e| e.is_ready());
+        if entry.is_ready() || !old_ready {
+            let err = (!entry.is_ready()).then(|| entry.reason());
+            models.insert(dir.name.clone(), Arc::new(entry));
+            drop(models);
+            self.reload_errors
+                .lock()
+                .expect("reload errors")
+                .remove(&dir.name);
+            match err {
+                None => Ok(()),
+                Some(e) => Err(Error::invalid(format!(
+                    "failed to load '{}': {e}",
+                    dir.name
+                ))),
+            }
+        } else {
+            drop(models);
+            let reason = format!(
+                "reload failed, previous version still serving: {}",
+                entry.reason()
+            );
+            tracing::error!(model = %dir.name, %reason, "model reload failed");
+            self.reload_errors
+                .lock()
+                .expect("reload errors")
+                .insert(dir.name.clone(), reason.clone());
+            Err(Error::invalid(format!(
+                "failed to load '{}': {reason}",
+                dir.name
+            )))
+        }
+    }
+
+    /// Unloads a model: it stops taking requests at once; those already accepted finish.
+    pub fn unload(&self, name: &str) -> Result<()> {
+        let lock = self.lock_for(name);
+        let _guard = lock.lock().expect("model lock");
+        let removed = self.models.write().expect("registry lock").remove(name);
+        self.reload_errors
+            .lock()
+            .expect("reload errors")
+            .remove(name);
+        self.fingerprints.lock().expect("fingerprints").remove(name);
+        match removed {
+            Some(_) => {
+                tracing::info!(model = name, "model unloaded");
+                Ok(())
+            }
+            None => {
+                self.find_dir(name)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Poll mode: loads new models, reloads changed ones, unloads removed ones. One model's
+    /// failure never stops the others (blocking).
+    pub fn poll(&self) {
+        let scan = match repository::scan(&self.roots) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "repository poll failed");
+                return;
+            }
+        };
+        let loaded: Vec<String> = self
+            .models
+            .read()
+            .expect("registry lock")
+            .keys()
+            .cloned()
+            .collect();
+        for name in loaded {
+            if !scan.models.iter().any(|m| m.name == name)
+                && !scan.broken.iter().any(|(n, _)| *n == name)
+            {
+                let _ = self.unload(&name);
+            }
+        }
+        for dir in &scan.models {
+            let known = self
+                .fingerprints
+                .lock()
+                .expect("fingerprints")
+                .get(&dir.name)
+                .copied();
+            if known != Some(fingerprint(&dir.path)) {
+                tracing::info!(model = %dir.name, "repository change detected; loading");
+                let _ = self.load_dir(dir, None);
+            }
+        }
+    }
+
+    /// The repository index: every model of the repositories, loaded or not.
+    pub fn index(&self, ready_only: bool) -> Result<Vec<IndexEntry>> {
+        let scan = repository::scan(&self.roots)?;
+        let models = self.models.read().expect("registry lock");
+        let errors = self.reload_errors.lock().expect("reload errors");
+        let mut names: Vec<String> = scan.models.iter().map(|m| m.name.clone()).collect();
+        names.extend(scan.broken.iter().map(|(n, _)| n.clone()));
+        names.extend(models.keys().cloned());
+        names.sort();
+        names.dedup();
+        let mut out = Vec::new();
+        for name in names {
+            let Some(entry) = models.get(&name) else {
+                if !ready_only {
+                    out.push(IndexEntry {
+                        name,
+                        version: None,
+                        state: "UNAVAILABLE",
+                        reason: "unloaded".into(),
+                    });
+                }
+                continue;
+            };
+            if let Some(e) = &entry.error {
+                if !ready_only {
+                    out.push(IndexEntry {
+                        name,
+                        version: None,
+                        state: "UNAVAILABLE",
+                        reason: e.clone(),
+                    });
+                }
+                continue;
+            }
+            for (v, state) in &entry.versions {
+                let (st, reason) = match state {
+                    VersionState::Ready(_) => {
+                        ("READY", errors.get(&name).cloned().unwrap_or_default())
+                    }
+                    VersionState::Unavailable(r) => ("UNAVAILABLE", r.clone()),
+                };
+                if ready_only && st != "READY" {
+                    continue;
+                }
+                out.push(IndexEntry {
+                    name: name.clone(),
+                    version: Some(*v),
+                    state: st,
+                    reason,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// A snapshot of every loaded (or failed) model, by name.
+    pub fn models(&self) -> BTreeMap<String, Arc<ModelEntry>> {
+        self.models.read().expect("registry lock").clone()
     }
 
     /// Whether every model is ready.
     pub fn all_ready(&self) -> bool {
-        self.models.values().all(ModelEntry::is_ready)
+        self.models
+            .read()
+            .expect("registry lock")
+            .values()
+            .all(|e| e.is_ready())
     }
 
     /// The model entry, or NOT_FOUND.
-    pub fn entry(&self, name: &str) -> Result<&ModelEntry> {
+    pub fn entry(&self, name: &str) -> Result<Arc<ModelEntry>> {
         self.models
+            .read()
+            .expect("registry lock")
             .get(name)
+            .cloned()
             .ok_or_else(|| Error::not_found(format!("unknown model: '{name}'")))
     }
 
@@ -209,7 +458,7 @@ impl Registry {
                     ))),
                     None => Err(Error::not_found(format!(
                         "unknown version {n} of model '{name}' (served: {})",
-                        versions_list(entry)
+                        versions_list(&entry)
                     ))),
                 }
             }
@@ -232,7 +481,7 @@ impl Registry {
 
     /// Stops every scheduler after draining (blocking).
     pub fn shutdown(&self) {
-        for entry in self.models.values() {
+        for entry in self.models().values() {
             for state in entry.versions.values() {
                 if let VersionState::Ready(m) = state {
                     m.stop();
@@ -240,6 +489,34 @@ impl Registry {
             }
         }
     }
+}
+
+/// A hash of everything in a model directory that a reload depends on: the files' paths, sizes
+/// and modification times (config, labels, every version directory).
+pub fn fingerprint(dir: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    fn walk(p: &Path, h: &mut std::collections::hash_map::DefaultHasher, depth: usize) {
+        let Ok(rd) = std::fs::read_dir(p) else { return };
+        let mut entries: Vec<_> = rd.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let path = e.path();
+            path.hash(h);
+            if let Ok(md) = e.metadata() {
+                if md.is_dir() {
+                    if depth < 4 {
+                        walk(&path, h, depth + 1);
+                    }
+                } else {
+                    md.len().hash(h);
+                    md.modified().ok().hash(h);
+                }
+            }
+        }
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    walk(dir, &mut h, 0);
+    h.finish()
 }
 
 fn versions_list(entry: &ModelEntry) -> String {
@@ -252,10 +529,15 @@ fn versions_list(entry: &ModelEntry) -> String {
 }
 
 /// Loads one model; failures are recorded in the entry, never returned.
-fn load_model(dir: &ModelDir, backend: &dyn Backend, opts: &LoadOptions) -> ModelEntry {
+fn load_model(
+    dir: &ModelDir,
+    backend: &dyn Backend,
+    opts: &LoadOptions,
+    config_json: Option<&str>,
+) -> ModelEntry {
     let start = Instant::now();
     let name = dir.name.as_str();
-    let cfg = match prepare_config(dir, backend, opts.autocomplete) {
+    let cfg = match prepare_config_from(dir, backend, opts.autocomplete, config_json) {
         Ok(c) => Arc::new(c),
         Err(e) => {
             tracing::error!(model = name, error = %e, "model failed to load");
@@ -329,19 +611,45 @@ pub fn prepare_config(
     backend: &dyn Backend,
     autocomplete: bool,
 ) -> Result<ModelConfig> {
+    prepare_config_from(dir, backend, autocomplete, None)
+}
+
+fn prepare_config_from(
+    dir: &ModelDir,
+    backend: &dyn Backend,
+    autocomplete: bool,
+    config_json: Option<&str>,
+) -> Result<ModelConfig> {
     let name = dir.name.as_str();
-    let path = dir.path.join("config.pbtxt");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && autocomplete => String::new(),
-        Err(e) => {
-            return Err(Error::invalid(format!(
-                "cannot read {}: {e}",
-                path.display()
-            )))
+    let (mut cfg, max_batch_size_set) = match config_json {
+        Some(json) => {
+            let set = serde_json::from_str::<serde_json::Value>(json)
+                .ok()
+                .is_some_and(|v| v.get("max_batch_size").is_some());
+            (
+                config::config_from_json(json)
+                    .map_err(|e| e.context(format!("model '{name}': 'config' parameter")))?,
+                set,
+            )
+        }
+        None => {
+            let path = dir.path.join("config.pbtxt");
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && autocomplete => String::new(),
+                Err(e) => {
+                    return Err(Error::invalid(format!(
+                        "cannot read {}: {e}",
+                        path.display()
+                    )))
+                }
+            };
+            (
+                config::parse_pbtxt(name, &text)?,
+                config::sets_max_batch_size(&text),
+            )
         }
     };
-    let mut cfg = config::parse_pbtxt(name, &text)?;
     config::normalize(&mut cfg, name, &dir.path);
     if autocomplete && cfg.is_onnx() {
         let latest = repository::select_versions(
@@ -352,7 +660,7 @@ pub fn prepare_config(
             let file = model_file(&dir.path, *v, &cfg);
             if file.is_file() {
                 let io = backend.describe(&file)?;
-                config::autocomplete(&mut cfg, &io, config::sets_max_batch_size(&text));
+                config::autocomplete(&mut cfg, &io, max_batch_size_set);
                 config::normalize(&mut cfg, name, &dir.path);
             }
         }

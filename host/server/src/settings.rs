@@ -42,6 +42,18 @@ pub enum OnnxEngine {
     Tract,
 }
 
+/// How models are loaded and changed at run time (Triton's `--model-control-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ControlMode {
+    /// Load every model at start-up; the load/unload APIs are refused.
+    None,
+    /// Load every model at start-up, then follow repository changes every
+    /// `--repository-poll-secs`; the load/unload APIs are refused.
+    Poll,
+    /// Load only `--load-model` models at start-up; the load/unload APIs change models.
+    Explicit,
+}
+
 /// Everything `wisp serve` is configured with.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
@@ -53,6 +65,22 @@ pub struct Settings {
         value_name = "DIR"
     )]
     pub model_repositories: Vec<PathBuf>,
+
+    /// How models are loaded and changed at run time.
+    #[arg(long, value_enum, default_value_t = ControlMode::None)]
+    pub model_control_mode: ControlMode,
+
+    /// Seconds between repository polls (poll mode).
+    #[arg(long, default_value_t = 15)]
+    pub repository_poll_secs: u64,
+
+    /// Model to load at start-up in explicit mode; repeat for several, `*` for all.
+    #[arg(long, value_name = "NAME")]
+    pub load_model: Vec<String>,
+
+    /// Seconds to wait for in-flight requests at shutdown before exiting anyway.
+    #[arg(long, default_value_t = 30)]
+    pub exit_timeout_secs: u64,
 
     /// HTTP port; 0 picks a free port.
     #[arg(long, default_value_t = DEFAULT_HTTP_PORT)]
@@ -97,6 +125,22 @@ pub struct Settings {
     /// Log informational messages.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub log_info: bool,
+
+    /// Log warnings.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub log_warning: bool,
+
+    /// Log errors.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub log_error: bool,
+
+    /// Log line format: `default` or `ISO8601`.
+    #[arg(long, default_value = "default", value_parser = ["default", "ISO8601"])]
+    pub log_format: String,
+
+    /// Write logs to this file instead of standard error.
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
 
     /// Exit after loading if any model failed to load (Triton defaults this to true; Wisp keeps
     /// serving the healthy models and reports the broken ones as UNAVAILABLE).

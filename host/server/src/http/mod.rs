@@ -37,6 +37,9 @@ pub const EXTENSIONS: &[&str] = &[
     "parameters",
     "schedule_policy",
     "statistics",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "logging",
 ];
 
 /// Shared state of the HTTP front end.
@@ -49,6 +52,10 @@ pub struct AppState {
     pub strict_readiness: bool,
     /// The response cache (`--cache-config`), if any.
     pub cache: Option<Arc<ResponseCache>>,
+    /// Model control mode (load/unload allowed only in explicit mode).
+    pub control_mode: crate::settings::ControlMode,
+    /// Logging settings (logging extension).
+    pub logging: crate::logging::LogControl,
 }
 
 type ApiResult = Result<Response, ApiError>;
@@ -67,6 +74,9 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
         (["v2", "health", "live"], &Method::GET) => Ok(StatusCode::OK.into_response()),
         (["v2", "health", "ready"], &Method::GET) => Ok(server_ready(&app)),
         (["v2", "models", "stats"], &Method::GET) => Ok(stats(&app, None, None)),
+        (["v2", "repository", rest @ ..], &Method::POST) => repository(&app, rest, req).await,
+        (["v2", "logging"], &Method::GET) => Ok(json_response(app.logging.get().to_json())),
+        (["v2", "logging"], &Method::POST) => logging_update(&app, req).await,
         (["v2", "models", rest @ ..], _) if !rest.is_empty() => {
             model_route(&app, rest, &method, req).await
         }
@@ -169,7 +179,7 @@ fn model_metadata(app: &AppState, model: &str, version: Option<&str>) -> ApiResu
     let cfg = &m.config;
     let versions = match version {
         Some(v) => vec![v.to_string()],
-        None => ready_versions(entry),
+        None => ready_versions(&entry),
     };
     Ok(json_response(json!({
         "name": cfg.name,
@@ -381,4 +391,111 @@ pub fn metrics_router(metrics: Arc<Metrics>, registry: Arc<Registry>) -> axum::R
             }
         }),
     )
+}
+
+/// Reads an optional JSON object body (empty body = `{}`).
+async fn json_body(app: &AppState, req: Request) -> Result<serde_json::Map<String, Value>, Error> {
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(&parts.headers, body, app.max_input_size).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Map::new());
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(Error::invalid("the request body must be a JSON object")),
+        Err(e) => Err(Error::invalid(format!(
+            "malformed JSON in request body: {e}"
+        ))),
+    }
+}
+
+/// The model repository extension: index, load, unload.
+async fn repository(app: &AppState, rest: &[&str], req: Request) -> ApiResult {
+    let registry = app.registry.clone();
+    match rest {
+        ["index"] | [_, "index"] => {
+            let body = json_body(app, req).await?;
+            let ready = match body.get("ready") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(Error::invalid("'ready' must be a boolean").into()),
+            };
+            let rows = registry.index(ready)?;
+            let out: Vec<Value> = rows
+                .into_iter()
+                .map(|r| {
+                    let mut o = serde_json::Map::new();
+                    o.insert("name".into(), Value::from(r.name));
+                    if let Some(v) = r.version {
+                        o.insert("version".into(), Value::from(v.to_string()));
+                    }
+                    o.insert("state".into(), Value::from(r.state));
+                    if !r.reason.is_empty() {
+                        o.insert("reason".into(), Value::from(r.reason));
+                    }
+                    Value::Object(o)
+                })
+                .collect();
+            Ok(json_response(Value::Array(out)))
+        }
+        [_, "models", _, "load" | "unload"] => {
+            Err(Error::unsupported("'repository_name' specification is not supported").into())
+        }
+        ["models", model, action @ ("load" | "unload")] => {
+            if app.control_mode != crate::settings::ControlMode::Explicit {
+                return Err(Error::unavailable(format!(
+                    "explicit model load / unload is not allowed in model control mode '{}' (start with --model-control-mode explicit)",
+                    format!("{:?}", app.control_mode).to_lowercase()
+                ))
+                .into());
+            }
+            let body = json_body(app, req).await?;
+            let params = match body.get("parameters") {
+                None | Some(Value::Null) => serde_json::Map::new(),
+                Some(Value::Object(p)) => p.clone(),
+                Some(_) => return Err(Error::invalid("'parameters' must be a JSON object").into()),
+            };
+            let model = model.to_string();
+            if *action == "load" {
+                if params.keys().any(|k| k.starts_with("file:")) {
+                    return Err(Error::unsupported(
+                        "loading model files from the request ('file:' parameters) is not supported",
+                    )
+                    .into());
+                }
+                let config = match params.get("config") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(s)) => Some(s.clone()),
+                    Some(_) => {
+                        return Err(
+                            Error::invalid("parameter 'config' must be a JSON string").into()
+                        )
+                    }
+                };
+                tokio::task::spawn_blocking(move || registry.load(&model, config.as_deref()))
+                    .await
+                    .map_err(|_| Error::internal("model load panicked"))??;
+            } else {
+                if let Some(v) = params.get("unload_dependents") {
+                    if !v.is_boolean() {
+                        return Err(Error::invalid(
+                            "parameter 'unload_dependents' must be a boolean",
+                        )
+                        .into());
+                    }
+                }
+                tokio::task::spawn_blocking(move || registry.unload(&model))
+                    .await
+                    .map_err(|_| Error::internal("model unload panicked"))??;
+            }
+            Ok(StatusCode::OK.into_response())
+        }
+        _ => Err(Error::not_found("no such repository route").into()),
+    }
+}
+
+async fn logging_update(app: &AppState, req: Request) -> ApiResult {
+    let body = json_body(app, req).await?;
+    let s = app.logging.update(&body)?;
+    Ok(json_response(s.to_json()))
 }

@@ -1,0 +1,415 @@
+//! Live model management: control modes, the repository extension, hot reload without loss,
+//! failed reloads, polling, memory over load/unload cycles, and the logging extension.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use wisp_server::settings::{ControlMode, OnnxEngine};
+use wisp_tests::{copy_dir, fixture_repo, workspace_root, Client};
+
+use crate::common::start_with;
+
+fn add_sub_request() -> Value {
+    json!({
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": vec![2.0f32; 16]},
+            {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
+        ]
+    })
+}
+
+fn fixture_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for m in ["add_sub", "classifier"] {
+        copy_dir(&fixture_repo().join(m), &dir.path().join(m)).unwrap();
+    }
+    dir
+}
+
+async fn index(c: &mut Client) -> Vec<Value> {
+    let r = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json().as_array().unwrap().clone()
+}
+
+fn row<'a>(idx: &'a [Value], name: &str) -> &'a Value {
+    idx.iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not in index {idx:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicit_mode_loads_unloads_and_indexes() {
+    let dir = fixture_copy();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+        s.load_model = vec!["add_sub".into()];
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let idx = index(&mut c).await;
+    assert_eq!(row(&idx, "add_sub")["state"], "READY");
+    assert_eq!(row(&idx, "add_sub")["version"], "1");
+    assert_eq!(row(&idx, "classifier")["state"], "UNAVAILABLE");
+    assert_eq!(row(&idx, "classifier")["reason"], "unloaded");
+    let ready = c
+        .send("POST", "/v2/repository/index", &[], r#"{"ready": true}"#)
+        .await
+        .unwrap()
+        .json();
+    assert_eq!(ready.as_array().unwrap().len(), 1);
+
+    assert_eq!(
+        c.send("POST", "/v2/repository/models/classifier/load", &[], "")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(
+        c.get("/v2/models/classifier/ready").await.unwrap().status,
+        200
+    );
+    // load with a config override (Triton's JSON form)
+    let cfg =
+        json!({"max_batch_size": 2, "output": [{"name": "probs", "label_filename": "labels.txt"}]})
+            .to_string();
+    let body = json!({"parameters": {"config": cfg}});
+    let r = c
+        .post_json("/v2/repository/models/classifier/load", &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        c.get("/v2/models/classifier/config").await.unwrap().json()["max_batch_size"],
+        2
+    );
+    // unload
+    let r = c
+        .post_json(
+            "/v2/repository/models/add_sub/unload",
+            &json!({"parameters": {"unload_dependents": false}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        c.post_json("/v2/models/add_sub/infer", &add_sub_request())
+            .await
+            .unwrap()
+            .status,
+        404
+    );
+    assert_eq!(row(&index(&mut c).await, "add_sub")["reason"], "unloaded");
+    // errors
+    assert_eq!(
+        c.send("POST", "/v2/repository/models/nope/load", &[], "")
+            .await
+            .unwrap()
+            .status,
+        404
+    );
+    let bad = c
+        .post_json(
+            "/v2/repository/models/classifier/load",
+            &json!({"parameters": {"config": "{not json"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bad.status, 400);
+    assert!(bad.json()["error"].as_str().unwrap().contains("config"));
+    assert_eq!(
+        c.get("/v2/models/classifier/ready").await.unwrap().status,
+        200,
+        "a failed load keeps the model"
+    );
+    let r = c
+        .send(
+            "POST",
+            "/v2/repository/other/models/classifier/load",
+            &[],
+            "",
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 501);
+    server.shutdown().await.unwrap();
+
+    // none mode refuses load/unload
+    let server = start_with(dir.path(), OnnxEngine::Tract, |_| {}).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let r = c
+        .send("POST", "/v2/repository/models/add_sub/unload", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503);
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("--model-control-mode explicit"));
+    assert_eq!(c.get("/v2/models/add_sub/ready").await.unwrap().status, 200);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_under_load_lose_no_request() {
+    let dir = fixture_copy();
+    let m = dir.path().join("add_sub");
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+        s.load_model = vec!["*".into()];
+    })
+    .await;
+    let addr = server.http_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let stop = stop.clone();
+        clients.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await.unwrap();
+            let mut versions = Vec::new();
+            let start = Instant::now();
+            while !stop.load(Ordering::SeqCst)
+                && versions.len() < 20_000
+                && start.elapsed() < Duration::from_secs(60)
+            {
+                let r = c
+                    .post_json("/v2/models/add_sub/infer", &add_sub_request())
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    r.status,
+                    200,
+                    "request failed during reload: {}",
+                    String::from_utf8_lossy(&r.body)
+                );
+                let body = r.json();
+                assert_eq!(body["outputs"][0]["data"][0], 3.0);
+                versions.push(
+                    body["model_version"]
+                        .as_str()
+                        .unwrap()
+                        .parse::<u64>()
+                        .unwrap(),
+                );
+            }
+            versions
+        }));
+    }
+    let mut c = Client::connect(addr).await.unwrap();
+    let cfg = std::fs::read_to_string(m.join("config.pbtxt")).unwrap();
+    for v in 2..=5u64 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        copy_dir(&m.join("1"), &m.join(v.to_string())).unwrap();
+        // alternate config changes: batching on/off, instance count
+        let extra = match v % 2 {
+            0 => "dynamic_batching { max_queue_delay_microseconds: 100 }".to_string(),
+            _ => String::new(),
+        };
+        let text = cfg.replace("count: 1", &format!("count: {}", 1 + v % 2));
+        std::fs::write(m.join("config.pbtxt"), format!("{text}\n{extra}\n")).unwrap();
+        let r = c
+            .send("POST", "/v2/repository/models/add_sub/load", &[], "")
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    for t in clients {
+        let versions = t.await.unwrap();
+        assert!(
+            versions.windows(2).all(|w| w[0] <= w[1]),
+            "answers went back to an older version"
+        );
+        assert_eq!(*versions.last().unwrap(), 5);
+        total += versions.len();
+    }
+    assert!(total > 20, "only {total} requests were made");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_new_version_keeps_the_old_one_serving() {
+    let dir = fixture_copy();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+        s.load_model = vec!["*".into()];
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    std::fs::create_dir_all(dir.path().join("add_sub/2")).unwrap();
+    std::fs::write(dir.path().join("add_sub/2/model.onnx"), b"broken").unwrap();
+    let r = c
+        .send("POST", "/v2/repository/models/add_sub/load", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("previous version still serving"));
+    let r = c
+        .post_json("/v2/models/add_sub/infer", &add_sub_request())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["model_version"], "1");
+    let idx = index(&mut c).await;
+    assert_eq!(row(&idx, "add_sub")["state"], "READY");
+    assert!(row(&idx, "add_sub")["reason"]
+        .as_str()
+        .unwrap()
+        .contains("reload failed"));
+    server.shutdown().await.unwrap();
+}
+
+async fn wait_for(c: &mut Client, path: &str, body: &Value, want: impl Fn(&Value) -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let r = c.post_json(path, body).await.unwrap();
+        if r.status == 200 && want(&r.json()) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_mode_follows_the_repository_despite_a_broken_model() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&fixture_repo().join("add_sub"), &dir.path().join("add_sub")).unwrap();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Poll;
+        s.repository_poll_secs = 1;
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    // a broken model appears, then a good one
+    std::fs::create_dir_all(dir.path().join("broken/1")).unwrap();
+    std::fs::write(
+        dir.path().join("broken/config.pbtxt"),
+        "this is not { valid",
+    )
+    .unwrap();
+    copy_dir(
+        &fixture_repo().join("classifier"),
+        &dir.path().join("classifier"),
+    )
+    .unwrap();
+    let x = json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": vec![0.5f32; 8]}]});
+    assert!(
+        wait_for(&mut c, "/v2/models/classifier/infer", &x, |_| true).await,
+        "new model never loaded"
+    );
+    // a new version of add_sub is picked up too
+    copy_dir(&dir.path().join("add_sub/1"), &dir.path().join("add_sub/2")).unwrap();
+    assert!(
+        wait_for(
+            &mut c,
+            "/v2/models/add_sub/infer",
+            &add_sub_request(),
+            |b| b["model_version"] == "2"
+        )
+        .await,
+        "version 2 never served"
+    );
+    let idx = index(&mut c).await;
+    assert_eq!(row(&idx, "broken")["state"], "UNAVAILABLE");
+    assert!(row(&idx, "broken")["reason"]
+        .as_str()
+        .unwrap()
+        .contains("config.pbtxt:1"));
+    // and a removed model is unloaded
+    std::fs::remove_dir_all(dir.path().join("classifier")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.get("/v2/models/classifier/ready").await.unwrap().status != 404 {
+        assert!(Instant::now() < deadline, "removed model still loaded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.shutdown().await.unwrap();
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_unload_cycles_return_memory() {
+    let repo = workspace_root().join("model_repo");
+    let server = start_with(&repo, OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    async fn one(c: &mut Client) {
+        assert_eq!(
+            c.send("POST", "/v2/repository/models/ppocr_cls/load", &[], "")
+                .await
+                .unwrap()
+                .status,
+            200
+        );
+        assert_eq!(
+            c.send("POST", "/v2/repository/models/ppocr_cls/unload", &[], "")
+                .await
+                .unwrap()
+                .status,
+            200
+        );
+    }
+    for _ in 0..3 {
+        one(&mut c).await;
+    }
+    let baseline = rss_bytes();
+    const CYCLES: usize = 15;
+    for _ in 0..CYCLES {
+        one(&mut c).await;
+    }
+    let after = rss_bytes();
+    let growth = after.saturating_sub(baseline);
+    eprintln!("RSS baseline {baseline} after {CYCLES} cycles {after} (growth {growth} bytes)");
+    assert!(
+        growth < 40 << 20,
+        "RSS grew by {growth} bytes over {CYCLES} load/unload cycles"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logging_settings_change_at_run_time() {
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |_| {}).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let s = c.get("/v2/logging").await.unwrap().json();
+    assert_eq!(s["log_verbose_level"], 0);
+    assert_eq!(s["log_info"], true);
+    let s = c
+        .post_json(
+            "/v2/logging",
+            &json!({"log_verbose_level": 2, "log_info": false}),
+        )
+        .await
+        .unwrap()
+        .json();
+    assert_eq!(s["log_verbose_level"], 2);
+    assert_eq!(s["log_info"], false);
+    assert_eq!(
+        c.get("/v2/logging").await.unwrap().json()["log_verbose_level"],
+        2
+    );
+    let r = c
+        .post_json("/v2/logging", &json!({"log_verbose_level": "x"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    server.shutdown().await.unwrap();
+}
