@@ -22,10 +22,11 @@ def free_port():
 def server(request):
     binary = os.environ.get("WISP_BIN", os.path.join(ROOT, "target", "debug", "wisp"))
     port = free_port()
+    grpc_port = free_port()
     log = open(os.path.join(ROOT, "target", f"conformance-{request.param}.log"), "w")
     proc = subprocess.Popen(
         [binary, "serve", "--model-repository", os.path.join(ROOT, "tests", "fixtures", "repo"),
-         "--http-address", "127.0.0.1", "--http-port", str(port), "--metrics-port", str(free_port()), "--onnx-engine", request.param],
+         "--http-address", "127.0.0.1", "--http-port", str(port), "--metrics-port", str(free_port()), "--grpc-port", str(grpc_port), "--onnx-engine", request.param],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"127.0.0.1:{port}"
@@ -41,7 +42,7 @@ def server(request):
             proc.kill()
             raise RuntimeError(f"wisp did not become ready; see {log.name}")
         time.sleep(0.1)
-    yield {"url": url, "engine": request.param}
+    yield {"url": url, "grpc_url": f"127.0.0.1:{grpc_port}", "engine": request.param}
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout=30)

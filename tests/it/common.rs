@@ -23,6 +23,7 @@ pub async fn start_with(
     s.http_address = "127.0.0.1".parse().unwrap();
     s.http_port = 0;
     s.metrics_port = 0;
+    s.grpc_port = 0;
     s.onnx_engine = engine;
     tweak(&mut s);
     if engine == OnnxEngine::Onnxruntime && std::env::var_os("ORT_DYLIB_PATH").is_none() {

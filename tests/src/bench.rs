@@ -207,6 +207,7 @@ fn start_server(
     settings.http_address = "127.0.0.1".parse()?;
     settings.http_port = 0;
     settings.metrics_port = 0;
+    settings.grpc_port = 0;
     settings.onnx_engine = engine;
     settings.log_info = false;
     rt.block_on(Server::start(settings)).context("server start")

@@ -6,6 +6,8 @@
 //! scheduler.
 
 pub mod cache;
+pub mod cli;
+pub mod grpc;
 pub mod http;
 pub mod logging;
 pub mod metrics;
@@ -29,7 +31,9 @@ pub struct Server {
     poller: Option<tokio::task::JoinHandle<()>>,
     exit_timeout: std::time::Duration,
     registry: Arc<Registry>,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    shutdown: Option<tokio::sync::watch::Sender<bool>>,
+    grpc_addr: Option<SocketAddr>,
+    grpc_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
@@ -125,7 +129,7 @@ impl Server {
             .with_context(|| format!("cannot bind HTTP on {addr}"))?;
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "HTTP front end listening");
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (tx, rx) = tokio::sync::watch::channel(false);
         let (metrics_addr, metrics_task) = match metrics {
             Some(m) => {
                 let maddr = SocketAddr::new(
@@ -145,11 +149,51 @@ impl Server {
             }
             None => (None, None),
         };
+        let (grpc_addr, grpc_task) = if settings.allow_grpc {
+            let gaddr = SocketAddr::new(
+                settings.grpc_address.unwrap_or(settings.http_address),
+                settings.grpc_port,
+            );
+            let l = tokio::net::TcpListener::bind(gaddr)
+                .await
+                .with_context(|| format!("cannot bind gRPC on {gaddr}"))?;
+            let gaddr = l.local_addr()?;
+            tracing::info!(addr = %gaddr, "gRPC front end listening");
+            let n = settings.grpc_max_message_size;
+            let svc = grpc::GrpcInferenceServiceServer::new(grpc::GrpcService::new(state.clone()))
+                .max_decoding_message_size(n)
+                .max_encoding_message_size(n);
+            let (health, health_svc) = tonic_health::server::health_reporter();
+            health
+                .set_service_status("", tonic_health::ServingStatus::Serving)
+                .await;
+            health
+                .set_service_status(
+                    "inference.GRPCInferenceService",
+                    tonic_health::ServingStatus::Serving,
+                )
+                .await;
+            let router = tonic::service::Routes::new(svc)
+                .add_service(health_svc)
+                .into_axum_router();
+            let mut rx = rx.clone();
+            let task = tokio::spawn(async move {
+                axum::serve(l, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = rx.wait_for(|stop| *stop).await;
+                    })
+                    .await
+            });
+            (Some(gaddr), Some(task))
+        } else {
+            (None, None)
+        };
         let app = http::router(state);
+        let mut http_rx = rx.clone();
         let task = tokio::spawn(async move {
             axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = rx.await;
+                .with_graceful_shutdown(async move {
+                    let _ = http_rx.wait_for(|stop| *stop).await;
                 })
                 .await
         });
@@ -161,6 +205,8 @@ impl Server {
             exit_timeout: std::time::Duration::from_secs(settings.exit_timeout_secs),
             registry,
             shutdown: Some(tx),
+            grpc_addr,
+            grpc_task,
             task,
         })
     }
@@ -168,6 +214,11 @@ impl Server {
     /// The bound HTTP address.
     pub fn http_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound gRPC address, if gRPC is on.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_addr
     }
 
     /// The bound metrics address, if metrics are on.
@@ -183,7 +234,13 @@ impl Server {
     /// Stops accepting connections, waits for in-flight requests, then drains the models.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
+            let _ = tx.send(true);
+        }
+        if let Some(t) = self.grpc_task.take() {
+            match tokio::time::timeout(self.exit_timeout, t).await {
+                Ok(r) => r.context("gRPC task panicked")??,
+                Err(_) => tracing::warn!("exit timeout reached with gRPC requests in flight"),
+            }
         }
         match tokio::time::timeout(self.exit_timeout, &mut self.task).await {
             Ok(r) => r.context("HTTP task panicked")??,

@@ -10,6 +10,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub const DEFAULT_HTTP_PORT: u16 = 8000;
 /// Default maximum HTTP request body, after decompression (Triton's 64 MB).
 pub const DEFAULT_HTTP_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
+/// Default gRPC port (Triton's).
+pub const DEFAULT_GRPC_PORT: u16 = 8001;
+/// Default largest gRPC message, both directions.
+pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 /// Default metrics port (Triton's).
 pub const DEFAULT_METRICS_PORT: u16 = 8002;
 /// Default model-load thread count (Triton's).
@@ -93,6 +97,22 @@ pub struct Settings {
     /// Largest accepted HTTP request body in bytes (also caps decompressed bodies).
     #[arg(long, default_value_t = DEFAULT_HTTP_MAX_INPUT_SIZE)]
     pub http_max_input_size: usize,
+
+    /// Serve the gRPC front end.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_grpc: bool,
+
+    /// gRPC port; 0 picks a free port.
+    #[arg(long, default_value_t = DEFAULT_GRPC_PORT)]
+    pub grpc_port: u16,
+
+    /// Address the gRPC front end binds (default: --http-address).
+    #[arg(long)]
+    pub grpc_address: Option<IpAddr>,
+
+    /// Largest gRPC message accepted or sent, in bytes.
+    #[arg(long, default_value_t = DEFAULT_GRPC_MAX_MESSAGE_SIZE)]
+    pub grpc_max_message_size: usize,
 
     /// Serve Prometheus metrics.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-pub use schema::{config_from_json, config_to_json};
+pub use schema::{config_from_json, config_to_json, config_to_protobuf};
 
 use crate::datatype::DataType;
 use crate::error::Error;

@@ -128,6 +128,15 @@ pub fn config_to_json(cfg: &ModelConfig) -> serde_json::Value {
     }
 }
 
+/// The protobuf wire encoding of a config (`inference.ModelConfig`), for the gRPC front end.
+pub fn config_to_protobuf(cfg: &ModelConfig) -> Vec<u8> {
+    use prost::Message;
+    let value = serde_json::to_value(cfg).expect("ModelConfig serializes");
+    DynamicMessage::deserialize(descriptor().clone(), value)
+        .map(|m| m.encode_to_vec())
+        .unwrap_or_default()
+}
+
 /// Parses the Triton JSON form of a config (as in a repository `load` with a `config` override).
 pub fn config_from_json(json: &str) -> Result<ModelConfig> {
     let mut de = serde_json::Deserializer::from_str(json);

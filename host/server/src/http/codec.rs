@@ -574,6 +574,43 @@ pub fn tensor_to_json(t: &Tensor) -> Value {
     Value::Array(v)
 }
 
+/// The tensors to return, in `wanted` order, with the classification extension applied.
+pub fn select_outputs(
+    resp: InferResponse,
+    wanted: &[OutputSpec],
+    cfg: &ModelConfig,
+    labels: &dyn Fn(&str) -> Option<std::sync::Arc<Vec<String>>>,
+) -> Result<Vec<Tensor>> {
+    let mut out = Vec::with_capacity(wanted.len());
+    for spec in wanted {
+        let Some(t) = resp.outputs.iter().find(|t| t.name == spec.name) else {
+            return Err(Error::internal(format!(
+                "model '{}' did not produce output '{}'",
+                cfg.name, spec.name
+            )));
+        };
+        out.push(match spec.classification {
+            Some(n) => {
+                let l = labels(&spec.name);
+                classify(t, n, cfg.batches(), l.as_deref().map(|v| v.as_slice()))?
+            }
+            None => t.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// Every output of the model, in config order, when the client named none.
+pub fn all_outputs(cfg: &ModelConfig) -> Vec<OutputSpec> {
+    cfg.output
+        .iter()
+        .map(|o| OutputSpec {
+            name: o.name.clone(),
+            ..Default::default()
+        })
+        .collect()
+}
+
 /// An encoded response body and, when it carries binary data, the JSON header length.
 pub struct Encoded {
     /// The body.
@@ -592,34 +629,14 @@ pub fn encode(
     labels: &dyn Fn(&str) -> Option<std::sync::Arc<Vec<String>>>,
 ) -> Result<Encoded> {
     let wanted: Vec<OutputSpec> = if dec.outputs.is_empty() {
-        cfg.output
-            .iter()
-            .map(|o| OutputSpec {
-                name: o.name.clone(),
-                ..Default::default()
-            })
-            .collect()
+        all_outputs(cfg)
     } else {
         dec.outputs.clone()
     };
+    let tensors = select_outputs(resp, &wanted, cfg, labels)?;
     let mut json_outputs = Vec::with_capacity(wanted.len());
     let mut binary = BytesMut::new();
-    for spec in &wanted {
-        let Some(t) = resp.outputs.iter().find(|t| t.name == spec.name) else {
-            return Err(Error::internal(format!(
-                "model '{}' did not produce output '{}'",
-                cfg.name, spec.name
-            )));
-        };
-        let classified;
-        let t = match spec.classification {
-            Some(n) => {
-                let l = labels(&spec.name);
-                classified = classify(t, n, cfg.batches(), l.as_deref().map(|v| v.as_slice()))?;
-                &classified
-            }
-            None => t,
-        };
+    for (spec, t) in wanted.iter().zip(&tensors) {
         let mut o = Map::new();
         o.insert("name".into(), Value::from(t.name.clone()));
         o.insert("datatype".into(), Value::from(t.datatype.as_str()));

@@ -245,6 +245,36 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     Ok(out.into())
 }
 
+/// Runs a validated request through the response cache (when the model enables it) and the
+/// model's scheduler. Shared by the HTTP and gRPC front ends.
+pub async fn run_infer(
+    app: &AppState,
+    m: &ModelVersion,
+    request: &wisp_core::InferRequest,
+) -> Result<wisp_core::InferResponse, Error> {
+    let received = std::time::Instant::now();
+    let cache = app
+        .cache
+        .as_ref()
+        .filter(|_| m.config.response_cache.as_ref().is_some_and(|c| c.enable));
+    let Some(cache) = cache else {
+        return m.infer(request.clone()).await;
+    };
+    let lookup = std::time::Instant::now();
+    let key = crate::cache::key(&m.name, m.version, request);
+    if let Some(hit) = cache.get(key) {
+        m.stats()
+            .record_cache_hit(lookup.elapsed(), received.elapsed());
+        return Ok((*hit).clone());
+    }
+    let miss = lookup.elapsed();
+    let r = m.infer(request.clone()).await?;
+    let insert = std::time::Instant::now();
+    cache.insert(key, Arc::new(r.clone()));
+    m.stats().cache_miss.add(miss + insert.elapsed());
+    Ok(r)
+}
+
 async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request) -> ApiResult {
     let m = app.registry.get(model, version)?;
     let (parts, body) = req.into_parts();
@@ -269,32 +299,7 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
             return Err(e.into());
         }
     };
-    let cache = app
-        .cache
-        .as_ref()
-        .filter(|_| m.config.response_cache.as_ref().is_some_and(|c| c.enable));
-    let response = match cache {
-        None => m.infer(decoded.request.clone()).await?,
-        Some(cache) => {
-            let lookup = std::time::Instant::now();
-            let key = crate::cache::key(&m.name, m.version, &decoded.request);
-            match cache.get(key) {
-                Some(hit) => {
-                    m.stats()
-                        .record_cache_hit(lookup.elapsed(), received.elapsed());
-                    (*hit).clone()
-                }
-                None => {
-                    let miss = lookup.elapsed();
-                    let r = m.infer(decoded.request.clone()).await?;
-                    let insert = std::time::Instant::now();
-                    cache.insert(key, Arc::new(r.clone()));
-                    m.stats().cache_miss.add(miss + insert.elapsed());
-                    r
-                }
-            }
-        }
-    };
+    let response = run_infer(app, &m, &decoded.request).await?;
     let labels = |name: &str| m.labels.get(name).cloned();
     let enc = codec::encode(response, &decoded, &m.config, m.version, &labels)?;
     let mut resp = Response::new(Body::from(enc.body));

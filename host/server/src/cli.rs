@@ -1,0 +1,79 @@
+//! The `wisp` command line: parse flags, set up logging, serve until SIGINT/SIGTERM. `main.rs`
+//! is a one-line call to [`main`], so test harnesses can run the very same program.
+
+use crate::settings::{Cli, Command};
+use crate::Server;
+use anyhow::Context;
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(settings: &crate::settings::Settings) -> anyhow::Result<()> {
+    use tracing_subscriber::prelude::*;
+    let initial = crate::logging::LogSettings {
+        log_file: String::new(),
+        log_info: settings.log_info,
+        log_warning: settings.log_warning,
+        log_error: settings.log_error,
+        log_verbose_level: settings.log_verbose as u64,
+        log_format: settings.log_format.clone(),
+    };
+    let filter =
+        EnvFilter::try_from_env("WISP_LOG").unwrap_or_else(|_| EnvFilter::new(initial.filter()));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let registry = tracing_subscriber::registry().with(filter);
+    match &settings.log_file {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open --log-file {}", path.display()))?;
+            registry
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_ansi(false)
+                        .with_writer(std::sync::Mutex::new(file)),
+                )
+                .init();
+        }
+        None => registry.with(tracing_subscriber::fmt::layer()).init(),
+    }
+    crate::logging::install_filter_setter(Box::new(move |f| {
+        let _ = handle.modify(|current| *current = EnvFilter::new(f));
+    }));
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler installs");
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Runs `wisp` with the process arguments.
+pub fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let Command::Serve(settings) = cli.command;
+    init_logging(&settings)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("wisp-io")
+        .build()?;
+    rt.block_on(async move {
+        let server = Server::start(settings).await?;
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing in-flight requests");
+        server.shutdown().await?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}

@@ -1,0 +1,592 @@
+//! The gRPC front end: Triton's `inference.GRPCInferenceService` (plus the standard
+//! `grpc.health.v1.Health`) over tonic, sharing the HTTP front end's state, validation,
+//! scheduling and errors. Errors map to gRPC codes in [`status`], the one place that does it.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+use wisp_core::tensor::encode_bytes_elements;
+use wisp_core::{DataType, Error, ErrorKind, InferRequest, Tensor};
+
+use crate::http::codec::{self, OutputSpec};
+use crate::http::{run_infer, AppState};
+use crate::registry::VersionState;
+
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+/// Messages and service traits generated from `proto/grpc_service.proto`.
+pub mod pb {
+    tonic::include_proto!("inference");
+}
+
+use pb::grpc_inference_service_server::GrpcInferenceService;
+pub use pb::grpc_inference_service_server::GrpcInferenceServiceServer;
+
+/// The gRPC status for an error: Triton's mapping.
+pub fn status(e: Error) -> Status {
+    let code = match e.kind() {
+        ErrorKind::InvalidArg => tonic::Code::InvalidArgument,
+        ErrorKind::NotFound => tonic::Code::NotFound,
+        ErrorKind::Unavailable => tonic::Code::Unavailable,
+        ErrorKind::Unsupported => tonic::Code::Unimplemented,
+        ErrorKind::AlreadyExists => tonic::Code::AlreadyExists,
+        ErrorKind::Internal => tonic::Code::Internal,
+    };
+    Status::new(code, e.message().to_string())
+}
+
+/// The service.
+pub struct GrpcService {
+    app: Arc<AppState>,
+}
+
+impl GrpcService {
+    /// A service over the shared front-end state.
+    pub fn new(app: Arc<AppState>) -> Self {
+        GrpcService { app }
+    }
+}
+
+fn param_to_json(p: &pb::InferParameter) -> serde_json::Value {
+    use pb::infer_parameter::ParameterChoice as C;
+    match &p.parameter_choice {
+        Some(C::BoolParam(b)) => (*b).into(),
+        Some(C::Int64Param(i)) => (*i).into(),
+        Some(C::StringParam(s)) => s.clone().into(),
+        Some(C::DoubleParam(d)) => (*d).into(),
+        Some(C::Uint64Param(u)) => (*u).into(),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// `contents` (typed repeated fields) → little-endian bytes.
+fn contents_to_bytes(
+    name: &str,
+    dt: DataType,
+    c: &pb::InferTensorContents,
+) -> Result<Vec<u8>, Error> {
+    let out: Vec<u8> = match dt {
+        DataType::Bool => c.bool_contents.iter().map(|&b| b as u8).collect(),
+        DataType::Int8 => c.int_contents.iter().map(|&v| v as i8 as u8).collect(),
+        DataType::Int16 => c
+            .int_contents
+            .iter()
+            .flat_map(|&v| (v as i16).to_le_bytes())
+            .collect(),
+        DataType::Int32 => c
+            .int_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Int64 => c
+            .int64_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Uint8 => c.uint_contents.iter().map(|&v| v as u8).collect(),
+        DataType::Uint16 => c
+            .uint_contents
+            .iter()
+            .flat_map(|&v| (v as u16).to_le_bytes())
+            .collect(),
+        DataType::Uint32 => c
+            .uint_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Uint64 => c
+            .uint64_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Fp32 => c
+            .fp32_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Fp64 => c
+            .fp64_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Bytes => encode_bytes_elements(c.bytes_contents.iter()),
+        DataType::Fp16 | DataType::Bf16 => {
+            return Err(Error::invalid(format!(
+                "input '{name}': {dt} data must be sent in raw_input_contents"
+            )))
+        }
+    };
+    Ok(out)
+}
+
+fn decode_request(
+    app: &AppState,
+    req: pb::ModelInferRequest,
+) -> Result<
+    (
+        Arc<crate::registry::ModelVersion>,
+        InferRequest,
+        Vec<OutputSpec>,
+    ),
+    Error,
+> {
+    let version = (!req.model_version.is_empty()).then_some(req.model_version.as_str());
+    let m = app.registry.get(&req.model_name, version)?;
+    if !req.raw_input_contents.is_empty() && req.raw_input_contents.len() != req.inputs.len() {
+        return Err(Error::invalid(format!(
+            "expected {} raw_input_contents (one per input), got {}",
+            req.inputs.len(),
+            req.raw_input_contents.len()
+        )));
+    }
+    let mut inputs = Vec::with_capacity(req.inputs.len());
+    for (i, t) in req.inputs.into_iter().enumerate() {
+        let dt =
+            DataType::parse(&t.datatype).map_err(|e| e.context(format!("input '{}'", t.name)))?;
+        let data: Bytes = match req.raw_input_contents.get(i) {
+            Some(raw) => raw.clone(),
+            None => {
+                let c = t.contents.unwrap_or_default();
+                contents_to_bytes(&t.name, dt, &c)?.into()
+            }
+        };
+        if t.shape.iter().any(|&d| d < 0) {
+            return Err(Error::invalid(format!(
+                "input '{}': shape has a negative dimension",
+                t.name
+            )));
+        }
+        inputs.push(Tensor::new(t.name, dt, t.shape, data)?);
+    }
+    let mut outputs = Vec::with_capacity(req.outputs.len());
+    for o in req.outputs {
+        let classification = match o.parameters.get("classification").map(param_to_json) {
+            None => None,
+            Some(v) => Some(v.as_u64().filter(|&n| n > 0).ok_or_else(|| {
+                Error::invalid(format!(
+                    "output '{}': 'classification' must be a positive integer",
+                    o.name
+                ))
+            })? as usize),
+        };
+        outputs.push(OutputSpec {
+            name: o.name,
+            binary: None,
+            classification,
+        });
+    }
+    let request = InferRequest {
+        id: req.id,
+        inputs,
+        requested_outputs: outputs.iter().map(|o| o.name.clone()).collect(),
+        parameters: req
+            .parameters
+            .iter()
+            .map(|(k, v)| (k.clone(), param_to_json(v)))
+            .collect(),
+    };
+    if let Err(e) = codec::validate(&request, &outputs, &m.config) {
+        m.stats()
+            .record_failure(wisp_scheduler::FailReason::Other, std::time::Duration::ZERO);
+        return Err(e);
+    }
+    Ok((m, request, outputs))
+}
+
+async fn infer(
+    app: &AppState,
+    req: pb::ModelInferRequest,
+) -> Result<pb::ModelInferResponse, Error> {
+    let (m, request, outputs) = decode_request(app, req)?;
+    let response = run_infer(app, &m, &request).await?;
+    let wanted = if outputs.is_empty() {
+        codec::all_outputs(&m.config)
+    } else {
+        outputs
+    };
+    let labels = |name: &str| m.labels.get(name).cloned();
+    let tensors = codec::select_outputs(response, &wanted, &m.config, &labels)?;
+    let mut resp = pb::ModelInferResponse {
+        model_name: m.name.clone(),
+        model_version: m.version.to_string(),
+        id: request.id,
+        ..Default::default()
+    };
+    for t in tensors {
+        resp.outputs
+            .push(pb::model_infer_response::InferOutputTensor {
+                name: t.name,
+                datatype: t.datatype.as_str().to_string(),
+                shape: t.shape,
+                ..Default::default()
+            });
+        resp.raw_output_contents.push(t.data);
+    }
+    Ok(resp)
+}
+
+fn stat(s: &wisp_scheduler::DurationStat) -> Option<pb::StatisticDuration> {
+    let (count, ns) = s.get();
+    Some(pb::StatisticDuration { count, ns })
+}
+
+type ResponseStream =
+    Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl GrpcInferenceService for GrpcService {
+    async fn server_live(
+        &self,
+        _: Request<pb::ServerLiveRequest>,
+    ) -> Result<Response<pb::ServerLiveResponse>, Status> {
+        Ok(Response::new(pb::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<pb::ServerReadyRequest>,
+    ) -> Result<Response<pb::ServerReadyResponse>, Status> {
+        let ready = !self.app.strict_readiness || self.app.registry.all_ready();
+        Ok(Response::new(pb::ServerReadyResponse { ready }))
+    }
+
+    async fn model_ready(
+        &self,
+        r: Request<pb::ModelReadyRequest>,
+    ) -> Result<Response<pb::ModelReadyResponse>, Status> {
+        let r = r.into_inner();
+        let version = (!r.version.is_empty()).then_some(r.version.as_str());
+        match self.app.registry.get(&r.name, version) {
+            Ok(_) => Ok(Response::new(pb::ModelReadyResponse { ready: true })),
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(status(e)),
+            Err(_) => Ok(Response::new(pb::ModelReadyResponse { ready: false })),
+        }
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<pb::ServerMetadataRequest>,
+    ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+        Ok(Response::new(pb::ServerMetadataResponse {
+            name: "wisp".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: crate::http::EXTENSIONS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        r: Request<pb::ModelMetadataRequest>,
+    ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
+        let r = r.into_inner();
+        let version = (!r.version.is_empty()).then_some(r.version.as_str());
+        let m = self.app.registry.get(&r.name, version).map_err(status)?;
+        let entry = self.app.registry.entry(&r.name).map_err(status)?;
+        let cfg = &m.config;
+        let meta = |name: &str, data_type: &str, dims: &[i64]| {
+            pb::model_metadata_response::TensorMetadata {
+                name: name.to_string(),
+                datatype: DataType::from_config_name(data_type)
+                    .map_or("INVALID", |d| d.as_str())
+                    .to_string(),
+                shape: if cfg.batches() {
+                    std::iter::once(-1).chain(dims.iter().copied()).collect()
+                } else {
+                    dims.to_vec()
+                },
+            }
+        };
+        let versions = match version {
+            Some(v) => vec![v.to_string()],
+            None => entry
+                .versions
+                .iter()
+                .filter(|(_, s)| matches!(s, VersionState::Ready(_)))
+                .map(|(v, _)| v.to_string())
+                .collect(),
+        };
+        Ok(Response::new(pb::ModelMetadataResponse {
+            name: cfg.name.clone(),
+            versions,
+            platform: cfg.platform.clone(),
+            inputs: cfg
+                .input
+                .iter()
+                .map(|i| meta(&i.name, &i.data_type, &i.dims))
+                .collect(),
+            outputs: cfg
+                .output
+                .iter()
+                .map(|o| meta(&o.name, &o.data_type, &o.dims))
+                .collect(),
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        r: Request<pb::ModelInferRequest>,
+    ) -> Result<Response<pb::ModelInferResponse>, Status> {
+        infer(&self.app, r.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(status)
+    }
+
+    type ModelStreamInferStream = ResponseStream;
+
+    async fn model_stream_infer(
+        &self,
+        r: Request<Streaming<pb::ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let mut inbound = r.into_inner();
+        let app = self.app.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            while let Some(next) = inbound.next().await {
+                let Ok(req) = next else { break };
+                let (app, tx) = (app.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let id = req.id.clone();
+                    let msg = match infer(&app, req).await {
+                        Ok(resp) => pb::ModelStreamInferResponse {
+                            error_message: String::new(),
+                            infer_response: Some(resp),
+                        },
+                        Err(e) => pb::ModelStreamInferResponse {
+                            error_message: e.message().to_string(),
+                            infer_response: Some(pb::ModelInferResponse {
+                                id,
+                                ..Default::default()
+                            }),
+                        },
+                    };
+                    let _ = tx.send(Ok(msg)).await;
+                });
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn model_config(
+        &self,
+        r: Request<pb::ModelConfigRequest>,
+    ) -> Result<Response<pb::ModelConfigResponse>, Status> {
+        use prost::Message;
+        let r = r.into_inner();
+        let version = (!r.version.is_empty()).then_some(r.version.as_str());
+        let m = self.app.registry.get(&r.name, version).map_err(status)?;
+        let bytes = wisp_core::config::config_to_protobuf(&m.config);
+        let config = pb::ModelConfig::decode(bytes.as_slice())
+            .map_err(|e| Status::internal(format!("config encoding: {e}")))?;
+        Ok(Response::new(pb::ModelConfigResponse {
+            config: Some(config),
+        }))
+    }
+
+    async fn model_statistics(
+        &self,
+        r: Request<pb::ModelStatisticsRequest>,
+    ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+        let r = r.into_inner();
+        if !r.name.is_empty() {
+            self.app.registry.entry(&r.name).map_err(status)?;
+            if !r.version.is_empty() {
+                self.app
+                    .registry
+                    .get(&r.name, Some(&r.version))
+                    .map_err(status)?;
+            }
+        }
+        let mut out = Vec::new();
+        for (name, entry) in self.app.registry.models() {
+            if !r.name.is_empty() && r.name != name {
+                continue;
+            }
+            for (v, state) in &entry.versions {
+                if !r.version.is_empty() && r.version.parse::<u64>().ok() != Some(*v) {
+                    continue;
+                }
+                let VersionState::Ready(m) = state else {
+                    continue;
+                };
+                let s = m.stats();
+                out.push(pb::ModelStatistics {
+                    name: name.clone(),
+                    version: v.to_string(),
+                    last_inference: s.last_inference_ms(),
+                    inference_count: s.inference_count(),
+                    execution_count: s.execution_count(),
+                    inference_stats: Some(pb::InferStatistics {
+                        success: stat(&s.success),
+                        fail: stat(&s.fail),
+                        queue: stat(&s.queue),
+                        compute_input: stat(&s.compute_input),
+                        compute_infer: stat(&s.compute_infer),
+                        compute_output: stat(&s.compute_output),
+                        cache_hit: stat(&s.cache_hit),
+                        cache_miss: stat(&s.cache_miss),
+                    }),
+                    batch_stats: s
+                        .batch_stats()
+                        .into_iter()
+                        .map(|(size, b)| pb::InferBatchStatistics {
+                            batch_size: size as u64,
+                            compute_input: Some(pb::StatisticDuration {
+                                count: b.count,
+                                ns: b.input_ns,
+                            }),
+                            compute_infer: Some(pb::StatisticDuration {
+                                count: b.count,
+                                ns: b.infer_ns,
+                            }),
+                            compute_output: Some(pb::StatisticDuration {
+                                count: b.count,
+                                ns: b.output_ns,
+                            }),
+                        })
+                        .collect(),
+                    memory_usage: Vec::new(),
+                });
+            }
+        }
+        Ok(Response::new(pb::ModelStatisticsResponse {
+            model_stats: out,
+        }))
+    }
+
+    async fn repository_index(
+        &self,
+        r: Request<pb::RepositoryIndexRequest>,
+    ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        let rows = self
+            .app
+            .registry
+            .index(r.into_inner().ready)
+            .map_err(status)?;
+        Ok(Response::new(pb::RepositoryIndexResponse {
+            models: rows
+                .into_iter()
+                .map(|r| pb::repository_index_response::ModelIndex {
+                    name: r.name,
+                    version: r.version.map(|v| v.to_string()).unwrap_or_default(),
+                    state: r.state.to_string(),
+                    reason: r.reason,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        r: Request<pb::RepositoryModelLoadRequest>,
+    ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+        use pb::model_repository_parameter::ParameterChoice as C;
+        let r = r.into_inner();
+        self.check_control(&r.repository_name)?;
+        if r.parameters.keys().any(|k| k.starts_with("file:")) {
+            return Err(Status::unimplemented(
+                "loading model files from the request ('file:' parameters) is not supported",
+            ));
+        }
+        let config = match r
+            .parameters
+            .get("config")
+            .and_then(|p| p.parameter_choice.clone())
+        {
+            None => None,
+            Some(C::StringParam(s)) => Some(s),
+            Some(_) => {
+                return Err(Status::invalid_argument(
+                    "parameter 'config' must be a string",
+                ))
+            }
+        };
+        let registry = self.app.registry.clone();
+        tokio::task::spawn_blocking(move || registry.load(&r.model_name, config.as_deref()))
+            .await
+            .map_err(|_| Status::internal("model load panicked"))?
+            .map_err(status)?;
+        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        r: Request<pb::RepositoryModelUnloadRequest>,
+    ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        let r = r.into_inner();
+        self.check_control(&r.repository_name)?;
+        let registry = self.app.registry.clone();
+        tokio::task::spawn_blocking(move || registry.unload(&r.model_name))
+            .await
+            .map_err(|_| Status::internal("model unload panicked"))?
+            .map_err(status)?;
+        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
+    }
+
+    async fn log_settings(
+        &self,
+        r: Request<pb::LogSettingsRequest>,
+    ) -> Result<Response<pb::LogSettingsResponse>, Status> {
+        use pb::log_settings_request::setting_value::ParameterChoice as In;
+        use pb::log_settings_response::setting_value::ParameterChoice as Out;
+        let mut update = serde_json::Map::new();
+        for (k, v) in r.into_inner().settings {
+            let value = match v.parameter_choice {
+                Some(In::BoolParam(b)) => b.into(),
+                Some(In::Uint32Param(u)) => u.into(),
+                Some(In::StringParam(s)) => s.into(),
+                None => continue,
+            };
+            update.insert(k, value);
+        }
+        let s = if update.is_empty() {
+            self.app.logging.get()
+        } else {
+            self.app.logging.update(&update).map_err(status)?
+        };
+        let mut settings = HashMap::new();
+        let mut put = |k: &str, v: Out| {
+            settings.insert(
+                k.to_string(),
+                pb::log_settings_response::SettingValue {
+                    parameter_choice: Some(v),
+                },
+            );
+        };
+        put("log_file", Out::StringParam(s.log_file));
+        put("log_info", Out::BoolParam(s.log_info));
+        put("log_warning", Out::BoolParam(s.log_warning));
+        put("log_error", Out::BoolParam(s.log_error));
+        put(
+            "log_verbose_level",
+            Out::Uint32Param(s.log_verbose_level as u32),
+        );
+        put("log_format", Out::StringParam(s.log_format));
+        Ok(Response::new(pb::LogSettingsResponse { settings }))
+    }
+}
+
+impl GrpcService {
+    fn check_control(&self, repository: &str) -> Result<(), Status> {
+        if !repository.is_empty() {
+            return Err(Status::unimplemented(
+                "'repository_name' specification is not supported",
+            ));
+        }
+        if self.app.control_mode != crate::settings::ControlMode::Explicit {
+            return Err(Status::unavailable(format!(
+                "explicit model load / unload is not allowed in model control mode '{}' (start with --model-control-mode explicit)",
+                format!("{:?}", self.app.control_mode).to_lowercase()
+            )));
+        }
+        Ok(())
+    }
+}
