@@ -7,6 +7,11 @@
 //!   batching and one instance, (b) the dynamic batcher, against (c) the backend in-process at
 //!   its best batch size.
 //!
+//! - `grpc`: HTTP (binary tensors) vs gRPC (`raw_input_contents`) on both models at concurrency
+//!   1, 8, 32.
+//! - `swap`: the longest gap in service while a model is reloaded several times under a client
+//!   loop, against the longest gap without reloads.
+//!
 //! Every loop is bounded by time and count; traffic is loopback only.
 
 use std::path::{Path, PathBuf};
@@ -26,8 +31,8 @@ use wisp_tests::{binary_request, workspace_root, Client};
 
 #[derive(Parser)]
 struct Args {
-    /// Suites to run: http, batching (default both).
-    #[arg(value_delimiter = ',', default_value = "http,batching")]
+    /// Suites to run: http, batching, grpc, swap (default all).
+    #[arg(value_delimiter = ',', default_value = "http,batching,grpc,swap")]
     suites: Vec<String>,
     /// ONNX engine: onnxruntime or tract.
     #[arg(long, default_value = "onnxruntime")]
@@ -355,6 +360,213 @@ fn batching_suite(
     Ok(())
 }
 
+async fn over_grpc(
+    addr: std::net::SocketAddr,
+    m: &Model,
+    conc: usize,
+    secs: f64,
+    cap: usize,
+) -> anyhow::Result<Stats> {
+    use wisp_server::grpc::pb;
+    let req = pb::ModelInferRequest {
+        model_name: m.name.into(),
+        inputs: m
+            .input
+            .iter()
+            .map(|(n, dt, s, _)| pb::model_infer_request::InferInputTensor {
+                name: n.to_string(),
+                datatype: dt.to_string(),
+                shape: s.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        raw_input_contents: m
+            .input
+            .iter()
+            .map(|(_, _, _, d)| bytes::Bytes::from(d.clone()))
+            .collect(),
+        ..Default::default()
+    };
+    let req = Arc::new(req);
+    let per_task_cap = cap.div_ceil(conc);
+    let mut tasks = Vec::new();
+    for _ in 0..conc {
+        let req = req.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = wisp_tests::GrpcClient::connect(addr).await?;
+            let warm = Instant::now();
+            while warm.elapsed().as_secs_f64() < secs / 4.0 {
+                let r: Result<pb::ModelInferResponse, _> = c.unary("ModelInfer", &*req).await?;
+                r.map_err(|(code, msg)| anyhow!("gRPC {code}: {msg}"))?;
+            }
+            let mut lat = Vec::new();
+            let start = Instant::now();
+            while start.elapsed().as_secs_f64() < secs && lat.len() < per_task_cap {
+                let t = Instant::now();
+                let r: Result<pb::ModelInferResponse, _> = c.unary("ModelInfer", &*req).await?;
+                lat.push(t.elapsed());
+                r.map_err(|(code, msg)| anyhow!("gRPC {code}: {msg}"))?;
+            }
+            Ok::<_, anyhow::Error>((lat, start.elapsed()))
+        }));
+    }
+    let mut all = Vec::new();
+    let mut wall = Duration::ZERO;
+    for t in tasks {
+        let (lat, w) = t.await??;
+        all.extend(lat);
+        wall = wall.max(w);
+    }
+    Ok(stats(all, wall))
+}
+
+fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> anyhow::Result<()> {
+    println!("## grpc: HTTP (binary tensors) vs gRPC (raw contents), same server\n");
+    println!("| model | concurrency | HTTP req/s | p50 µs | p99 µs | gRPC req/s | p50 µs | p99 µs | gRPC/HTTP throughput |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for m in models() {
+        let server = start_server(rt, &m.repo, engine)?;
+        let grpc = server.grpc_addr().expect("gRPC is on");
+        for &c in &args.batching_concurrency {
+            let h = rt.block_on(over_http(
+                server.http_addr(),
+                &m,
+                c,
+                args.seconds,
+                args.max_requests,
+            ))?;
+            let g = rt.block_on(over_grpc(grpc, &m, c, args.seconds, args.max_requests))?;
+            println!(
+                "| {} | {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} |",
+                m.name,
+                h.rps,
+                us(h.p50),
+                us(h.p99),
+                g.rps,
+                us(g.p50),
+                us(g.p99),
+                g.rps / h.rps
+            );
+        }
+        rt.block_on(server.shutdown())?;
+    }
+    println!();
+    Ok(())
+}
+
+/// Longest gap between consecutive completed requests (all clients merged) while `reloads`
+/// reloads of `add_sub` happen (0 = the baseline), over HTTP with 4 clients.
+async fn longest_gap(
+    addr: std::net::SocketAddr,
+    repo: &Path,
+    reloads: usize,
+    secs: f64,
+) -> anyhow::Result<(Duration, usize)> {
+    let m = models()
+        .into_iter()
+        .find(|m| m.name == "add_sub")
+        .expect("add_sub");
+    let (body, n) = binary_request(&m.input, true);
+    let body = bytes::Bytes::from(body);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (body, stop) = (body.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await?;
+            let headers = [("inference-header-content-length", n.to_string())];
+            let mut done = Vec::new();
+            let start = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst)
+                && done.len() < 200_000
+                && start.elapsed().as_secs_f64() < secs * 4.0
+            {
+                let r = c
+                    .send("POST", "/v2/models/add_sub/infer", &headers, body.clone())
+                    .await?;
+                anyhow::ensure!(
+                    r.status == 200,
+                    "request failed during reload: HTTP {}",
+                    r.status
+                );
+                done.push(Instant::now());
+            }
+            Ok::<_, anyhow::Error>(done)
+        }));
+    }
+    let mut admin = Client::connect(addr).await?;
+    let started = Instant::now();
+    for i in 0..reloads {
+        tokio::time::sleep(Duration::from_secs_f64(secs / (reloads as f64 + 1.0))).await;
+        let v = repo.join("add_sub").join((i + 2).to_string());
+        wisp_tests::copy_dir(&repo.join("add_sub/1"), &v)?;
+        let r = admin
+            .send("POST", "/v2/repository/models/add_sub/load", &[], "")
+            .await?;
+        anyhow::ensure!(
+            r.status == 200,
+            "reload failed: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    while started.elapsed().as_secs_f64() < secs {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    all.sort();
+    let gap = all
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    Ok((gap, all.len()))
+}
+
+fn swap_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> anyhow::Result<()> {
+    println!("## swap: longest gap in service (4 HTTP clients on add_sub)\n");
+    println!("| run | reloads | requests served | longest gap µs |");
+    println!("|---|---|---|---|");
+    for reloads in [0usize, 5] {
+        let dir = tempfile::tempdir()?;
+        wisp_tests::copy_dir(
+            &workspace_root().join("tests/fixtures/repo/add_sub"),
+            &dir.path().join("add_sub"),
+        )?;
+        let mut settings = Settings::for_repository(dir.path());
+        settings.http_address = "127.0.0.1".parse()?;
+        settings.http_port = 0;
+        settings.metrics_port = 0;
+        settings.grpc_port = 0;
+        settings.onnx_engine = engine;
+        settings.log_info = false;
+        settings.model_control_mode = wisp_server::settings::ControlMode::Explicit;
+        settings.load_model = vec!["*".into()];
+        let server = rt.block_on(Server::start(settings))?;
+        let (gap, n) = rt.block_on(longest_gap(
+            server.http_addr(),
+            dir.path(),
+            reloads,
+            args.seconds * 2.0,
+        ))?;
+        println!(
+            "| {} | {reloads} | {n} | {:.0} |",
+            if reloads == 0 {
+                "baseline"
+            } else {
+                "reloading"
+            },
+            us(gap)
+        );
+        rt.block_on(server.shutdown())?;
+    }
+    println!();
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let (engine, choice) = match args.engine.as_str() {
@@ -377,7 +589,9 @@ fn main() -> anyhow::Result<()> {
         match suite.as_str() {
             "http" => http_suite(&args, &rt, &backend, engine)?,
             "batching" => batching_suite(&args, &rt, &backend, engine)?,
-            other => anyhow::bail!("unknown suite '{other}' (http, batching)"),
+            "grpc" => grpc_suite(&args, &rt, engine)?,
+            "swap" => swap_suite(&args, &rt, engine)?,
+            other => anyhow::bail!("unknown suite '{other}' (http, batching, grpc, swap)"),
         }
     }
     Ok(())

@@ -167,3 +167,71 @@ pub fn f32_values(b: &[u8]) -> Vec<f32> {
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
+
+/// A minimal gRPC client over one HTTP/2 connection (unary calls only): length-prefixed
+/// protobuf in, `grpc-status` trailer out. Enough to drive the server without a client stack.
+pub struct GrpcClient {
+    sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+}
+
+impl GrpcClient {
+    /// Connects to `addr` (h2c, prior knowledge).
+    pub async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(stream),
+        )
+        .await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(GrpcClient { sender })
+    }
+
+    /// Calls `/inference.GRPCInferenceService/<method>` with `msg`; returns the response message
+    /// or the gRPC status code and message.
+    pub async fn unary<Req: prost::Message, Resp: prost::Message + Default>(
+        &mut self,
+        method: &str,
+        msg: &Req,
+    ) -> anyhow::Result<Result<Resp, (i32, String)>> {
+        let body = msg.encode_to_vec();
+        let mut framed = Vec::with_capacity(body.len() + 5);
+        framed.push(0);
+        framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&body);
+        let req = hyper::Request::builder()
+            .method("POST")
+            .uri(format!(
+                "http://127.0.0.1/inference.GRPCInferenceService/{method}"
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from(framed)))?;
+        self.sender.ready().await?;
+        let resp = self.sender.send_request(req).await?;
+        let headers = resp.headers().clone();
+        let collected = resp.into_body().collect().await?;
+        let trailers = collected.trailers().cloned().unwrap_or_default();
+        let status = trailers
+            .get("grpc-status")
+            .or_else(|| headers.get("grpc-status"))
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i32>().ok())
+            .unwrap_or(-1);
+        if status != 0 {
+            let msg = trailers
+                .get("grpc-message")
+                .or_else(|| headers.get("grpc-message"))
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            return Ok(Err((status, msg)));
+        }
+        let bytes = collected.to_bytes();
+        anyhow::ensure!(bytes.len() >= 5, "short gRPC response");
+        Ok(Ok(Resp::decode(&bytes[5..])?))
+    }
+}
