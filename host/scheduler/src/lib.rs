@@ -69,6 +69,8 @@ struct Level {
 struct State {
     levels: Vec<Level>,
     stopping: bool,
+    /// Instances asked to leave (resize down): the next idle ones exit.
+    retiring: usize,
     next_seq: u64,
     queued: usize,
 }
@@ -95,6 +97,7 @@ struct Shared {
 pub struct Scheduler {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    instances: AtomicUsize,
 }
 
 /// A request's parameter as an unsigned integer (`priority`, `timeout`).
@@ -142,6 +145,7 @@ impl Scheduler {
             state: Mutex::new(State {
                 levels,
                 stopping: false,
+                retiring: 0,
                 next_seq: 0,
                 queued: 0,
             }),
@@ -151,19 +155,43 @@ impl Scheduler {
             ordered: Mutex::new(Ordered::default()),
             observer,
         });
-        let mut threads = Vec::new();
-        for (i, instance) in instances.into_iter().enumerate() {
-            let shared = shared.clone();
+        let s = Scheduler {
+            shared,
+            threads: Mutex::new(Vec::new()),
+            instances: AtomicUsize::new(0),
+        };
+        s.add_instances(instances)?;
+        Ok(s)
+    }
+
+    /// Adds instances, each on a new thread, serving the same queue (resize up in place).
+    pub fn add_instances(&self, instances: Vec<Box<dyn Instance>>) -> Result<()> {
+        let mut threads = self.threads.lock().expect("threads lock");
+        for instance in instances {
+            let shared = self.shared.clone();
+            let n = threads.len();
             let handle = std::thread::Builder::new()
-                .name(format!("wisp-{model}-{i}"))
+                .name(format!("wisp-{}-{n}", self.shared.model))
                 .spawn(move || run_instance(&shared, instance))
                 .map_err(|e| Error::internal(format!("cannot start instance thread: {e}")))?;
             threads.push(handle);
+            self.instances.fetch_add(1, Ordering::SeqCst);
         }
-        Ok(Scheduler {
-            shared,
-            threads: Mutex::new(threads),
-        })
+        Ok(())
+    }
+
+    /// Retires `n` instances (resize down in place, keeping at least one): each leaves after
+    /// finishing what it is executing.
+    pub fn retire_instances(&self, n: usize) {
+        let n = n.min(self.instance_count().saturating_sub(1));
+        self.instances.fetch_sub(n, Ordering::SeqCst);
+        self.shared.state.lock().expect("scheduler lock").retiring += n;
+        self.shared.ready.notify_all();
+    }
+
+    /// Instances serving this queue.
+    pub fn instance_count(&self) -> usize {
+        self.instances.load(Ordering::SeqCst)
     }
 
     /// The version's statistics.
@@ -436,6 +464,10 @@ fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>) {
         let batch = {
             let mut state = shared.state.lock().expect("scheduler lock");
             loop {
+                if state.retiring > 0 {
+                    state.retiring -= 1;
+                    return;
+                }
                 let now = Instant::now();
                 shared.expire(&mut state, now, &mut rejected);
                 if !rejected.is_empty() {

@@ -407,3 +407,43 @@ fn stop_drains_then_rejects() {
     let e = h.send("late", 1, serde_json::json!({})).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable);
 }
+
+#[test]
+fn instances_are_added_and_retired_in_place() {
+    let h = harness(policy(1, dynamic(|_| {})), 1, "hold");
+    assert_eq!(h.s.instance_count(), 1);
+    let (started_tx, started) = channel();
+    let (_permit, permits) = channel();
+    let extra: Vec<Box<dyn Instance>> = (0..2)
+        .map(|_| {
+            Box::new(Gated {
+                hold: "never",
+                started: started_tx.clone(),
+                permits: Arc::new(Mutex::new(permits_clone(&permits))),
+            }) as Box<dyn Instance>
+        })
+        .collect();
+    drop(started);
+    // the original instance is held busy; the instances added afterwards serve the queue
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    h.s.add_instances(extra).unwrap();
+    assert_eq!(h.s.instance_count(), 3);
+    for id in ["a", "b"] {
+        h.send(id, 1, serde_json::json!({})).unwrap();
+    }
+    let mut got: Vec<String> = (0..2).map(|_| h.result().0).collect();
+    got.sort();
+    assert_eq!(got, vec!["a", "b"]);
+    h.s.retire_instances(5);
+    assert_eq!(h.s.instance_count(), 1, "at least one instance stays");
+    h.release();
+    assert_eq!(h.result().0, "hold");
+    h.send("after", 1, serde_json::json!({})).unwrap();
+    assert_eq!(h.result().0, "after");
+}
+
+/// A receiver that never gets a permit (the added instances never hold).
+fn permits_clone(_: &Receiver<()>) -> Receiver<()> {
+    channel().1
+}

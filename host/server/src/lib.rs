@@ -18,10 +18,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use wisp_backend_onnx::{find_onnxruntime, EngineChoice, OnnxBackend};
 
 use registry::{LoadOptions, Registry};
 use settings::{ControlMode, OnnxEngine, Settings};
+
+/// Small responses and HTTP/2 frames must not wait for Nagle's algorithm (a 40 ms stall with
+/// delayed ACKs).
+fn no_delay(tcp: &mut tokio::net::TcpStream) {
+    let _ = tcp.set_nodelay(true);
+}
 
 /// A running server.
 pub struct Server {
@@ -144,7 +151,9 @@ impl Server {
                 let app = http::metrics_router(m, registry.clone());
                 (
                     Some(maddr),
-                    Some(tokio::spawn(async move { axum::serve(l, app).await })),
+                    Some(tokio::spawn(async move {
+                        axum::serve(l.tap_io(no_delay), app).await
+                    })),
                 )
             }
             None => (None, None),
@@ -178,7 +187,7 @@ impl Server {
                 .into_axum_router();
             let mut rx = rx.clone();
             let task = tokio::spawn(async move {
-                axum::serve(l, router)
+                axum::serve(l.tap_io(no_delay), router)
                     .with_graceful_shutdown(async move {
                         let _ = rx.wait_for(|stop| *stop).await;
                     })
@@ -191,7 +200,7 @@ impl Server {
         let app = http::router(state);
         let mut http_rx = rx.clone();
         let task = tokio::spawn(async move {
-            axum::serve(listener, app)
+            axum::serve(listener.tap_io(no_delay), app)
                 .with_graceful_shutdown(async move {
                     let _ = http_rx.wait_for(|stop| *stop).await;
                 })

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use wisp_core::backend::{Backend, ExecTiming, Instance};
+use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
 use wisp_core::config::{self, ModelConfig, ModelWarmup};
 use wisp_core::repository::{self, ModelDir};
 use wisp_core::tensor::encode_bytes_elements;
@@ -30,7 +30,8 @@ pub struct ModelVersion {
     pub engine: String,
     /// Seconds it took to load (and warm up).
     pub load_secs: f64,
-    scheduler: Scheduler,
+    scheduler: Arc<Scheduler>,
+    loaded: Arc<dyn LoadedModel>,
 }
 
 impl ModelVersion {
@@ -162,6 +163,8 @@ pub struct Registry {
     reload_errors: Mutex<HashMap<String, String>>,
     /// Repository fingerprint of each model at its last load attempt (poll mode).
     fingerprints: Mutex<HashMap<String, u64>>,
+    /// The same without `config.pbtxt`: unchanged model files allow an in-place resize.
+    file_prints: Mutex<HashMap<String, u64>>,
 }
 
 impl Registry {
@@ -179,6 +182,7 @@ impl Registry {
             locks: Mutex::new(HashMap::new()),
             reload_errors: Mutex::new(HashMap::new()),
             fingerprints: Mutex::new(HashMap::new()),
+            file_prints: Mutex::new(HashMap::new()),
         }
     }
 
@@ -261,6 +265,17 @@ impl Registry {
             .lock()
             .expect("fingerprints")
             .insert(dir.name.clone(), fingerprint(&dir.path));
+        let files = fingerprint_files(&dir.path);
+        let old_files = self
+            .file_prints
+            .lock()
+            .expect("fingerprints")
+            .insert(dir.name.clone(), files);
+        if old_files == Some(files) {
+            if let Some(done) = self.try_resize(dir, config_json) {
+                return done;
+            }
+        }
         let entry = load_model(dir, self.backend.as_ref(), &self.opts, config_json);
         let mut models = self.models.write().expect("registry lock");
         let old_ready = models.get(&dir.name).is_some_and(|e| e.is_ready());
@@ -297,6 +312,100 @@ impl Registry {
         }
     }
 
+    /// When only `instance_group.count` changed (same files, same config otherwise), grows or
+    /// shrinks each version's instance pool in place: same queue, same statistics, no reload.
+    /// `None` when a full reload is needed.
+    fn try_resize(&self, dir: &ModelDir, config_json: Option<&str>) -> Option<Result<()>> {
+        let old = self
+            .models
+            .read()
+            .expect("registry lock")
+            .get(&dir.name)
+            .cloned()?;
+        if old.error.is_some()
+            || old
+                .versions
+                .values()
+                .any(|v| !matches!(v, VersionState::Ready(_)))
+        {
+            return None;
+        }
+        let first = old.versions.values().find_map(|v| match v {
+            VersionState::Ready(m) => Some(m.clone()),
+            VersionState::Unavailable(_) => None,
+        })?;
+        let new_cfg = prepare_config_from(
+            dir,
+            self.backend.as_ref(),
+            self.opts.autocomplete,
+            config_json,
+        )
+        .ok()?;
+        let without_counts = |c: &ModelConfig| {
+            let mut c = c.clone();
+            c.instance_group.iter_mut().for_each(|g| g.count = 0);
+            c
+        };
+        if without_counts(&new_cfg) != without_counts(&first.config) || new_cfg == *first.config {
+            return None;
+        }
+        let policy = new_cfg.version_policy.clone().unwrap_or_default();
+        let selected =
+            repository::select_versions(&policy, &repository::versions(&dir.path)).ok()?;
+        if selected != old.versions.keys().copied().collect::<Vec<_>>() {
+            return None;
+        }
+        let new_cfg = Arc::new(new_cfg);
+        let target = new_cfg.instance_count();
+        let mut versions = BTreeMap::new();
+        for (v, state) in &old.versions {
+            let VersionState::Ready(m) = state else {
+                return None;
+            };
+            let current = m.scheduler.instance_count();
+            if target > current {
+                let mut added = match (current..target)
+                    .map(|i| m.loaded.new_instance(i))
+                    .collect::<Result<Vec<_>>>()
+                {
+                    Ok(a) => a,
+                    Err(e) => return Some(Err(e)),
+                };
+                if let Err(e) = warm_up(&dir.path, &new_cfg, &mut added) {
+                    return Some(Err(e));
+                }
+                if let Err(e) = m.scheduler.add_instances(added) {
+                    return Some(Err(e));
+                }
+            } else {
+                m.scheduler.retire_instances(current - target);
+            }
+            versions.insert(
+                *v,
+                VersionState::Ready(Arc::new(ModelVersion {
+                    name: m.name.clone(),
+                    version: m.version,
+                    config: new_cfg.clone(),
+                    labels: m.labels.clone(),
+                    engine: m.engine.clone(),
+                    load_secs: m.load_secs,
+                    scheduler: m.scheduler.clone(),
+                    loaded: m.loaded.clone(),
+                })),
+            );
+        }
+        tracing::info!(model = %dir.name, instances = target, "instance group resized in place");
+        self.models.write().expect("registry lock").insert(
+            dir.name.clone(),
+            Arc::new(ModelEntry {
+                name: dir.name.clone(),
+                versions,
+                error: None,
+            }),
+        );
+        Some(Ok(()))
+    }
+
     /// Unloads a model: it stops taking requests at once; those already accepted finish.
     pub fn unload(&self, name: &str) -> Result<()> {
         let lock = self.lock_for(name);
@@ -307,6 +416,7 @@ impl Registry {
             .expect("reload errors")
             .remove(name);
         self.fingerprints.lock().expect("fingerprints").remove(name);
+        self.file_prints.lock().expect("fingerprints").remove(name);
         match removed {
             Some(_) => {
                 tracing::info!(model = name, "model unloaded");
@@ -494,18 +604,35 @@ impl Registry {
 /// A hash of everything in a model directory that a reload depends on: the files' paths, sizes
 /// and modification times (config, labels, every version directory).
 pub fn fingerprint(dir: &Path) -> u64 {
+    fingerprint_except(dir, None)
+}
+
+/// [`fingerprint`] without `config.pbtxt`.
+fn fingerprint_files(dir: &Path) -> u64 {
+    fingerprint_except(dir, Some("config.pbtxt"))
+}
+
+fn fingerprint_except(dir: &Path, skip: Option<&str>) -> u64 {
     use std::hash::{Hash, Hasher};
-    fn walk(p: &Path, h: &mut std::collections::hash_map::DefaultHasher, depth: usize) {
+    fn walk(
+        p: &Path,
+        h: &mut std::collections::hash_map::DefaultHasher,
+        depth: usize,
+        skip: Option<&str>,
+    ) {
         let Ok(rd) = std::fs::read_dir(p) else { return };
         let mut entries: Vec<_> = rd.flatten().collect();
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
+            if depth == 0 && skip.is_some_and(|s| e.file_name() == s) {
+                continue;
+            }
             let path = e.path();
             path.hash(h);
             if let Ok(md) = e.metadata() {
                 if md.is_dir() {
                     if depth < 4 {
-                        walk(&path, h, depth + 1);
+                        walk(&path, h, depth + 1, skip);
                     }
                 } else {
                     md.len().hash(h);
@@ -515,7 +642,7 @@ pub fn fingerprint(dir: &Path) -> u64 {
         }
     }
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    walk(dir, &mut h, 0);
+    walk(dir, &mut h, 0, skip);
     h.finish()
 }
 
@@ -697,13 +824,20 @@ fn load_version(
         .map(|i| loaded.new_instance(i))
         .collect::<Result<Vec<_>>>()?;
     warm_up(&dir.path, cfg, &mut instances)?;
-    let scheduler = Scheduler::start(&dir.name, Policy::from_config(cfg), instances, observer)?;
+    let scheduler = Arc::new(Scheduler::start(
+        &dir.name,
+        Policy::from_config(cfg),
+        instances,
+        observer,
+    )?);
+    let engine = loaded.engine().to_string();
     Ok(ModelVersion {
+        loaded: Arc::from(loaded),
         name: dir.name.clone(),
         version,
         config: cfg.clone(),
         labels: labels.clone(),
-        engine: loaded.engine().to_string(),
+        engine,
         load_secs: start.elapsed().as_secs_f64(),
         scheduler,
     })
