@@ -337,3 +337,50 @@ async fn a_full_queue_answers_503_at_once() {
     assert!(s["inference_stats"]["fail"]["count"].as_u64().unwrap() >= 1);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_policies_pin_instances_and_unknown_ones_are_reported() {
+    let dir = repo_with("");
+    let m = dir.path().join("add_sub/config.pbtxt");
+    let cfg = std::fs::read_to_string(&m).unwrap();
+    std::fs::write(
+        &m,
+        cfg.replace("count: 1", "count: 2 host_policy: \"pinned\""),
+    )
+    .unwrap();
+    copy_dir(
+        &fixture_repo().join("classifier"),
+        &dir.path().join("classifier"),
+    )
+    .unwrap();
+    let c2 = dir.path().join("classifier/config.pbtxt");
+    let text = std::fs::read_to_string(&c2).unwrap();
+    std::fs::write(
+        &c2,
+        format!("{text}\ninstance_group [ {{ kind: KIND_CPU host_policy: \"nowhere\" }} ]\n"),
+    )
+    .unwrap();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.host_policy = vec!["pinned,cpu-cores=0-0".into()];
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    for i in 0..4 {
+        let r = c
+            .post_json("/v2/models/add_sub/infer", &add_sub_request(i as f32))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let x = json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": vec![0.5f32; 8]}]});
+    let r = c
+        .post_json("/v2/models/classifier/infer", &x)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503);
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("host_policy 'nowhere' is not defined"));
+    server.shutdown().await.unwrap();
+}

@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod cli;
 pub mod grpc;
+pub mod host_policy;
 pub mod http;
 pub mod logging;
 pub mod metrics;
@@ -75,6 +76,8 @@ impl Server {
             autocomplete: !settings.disable_auto_complete_config,
             threads: settings.model_load_thread_count,
             metrics: metrics.clone(),
+            host_policies: host_policy::HostPolicies::parse(&settings.host_policy)
+                .map_err(|e| anyhow::anyhow!(e))?,
         };
         let registry = Arc::new(Registry::new(
             settings.model_repositories.clone(),

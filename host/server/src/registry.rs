@@ -133,6 +133,8 @@ pub struct LoadOptions {
     pub threads: usize,
     /// Where per-request latency summaries go, if enabled.
     pub metrics: Option<Arc<Metrics>>,
+    /// `--host-policy` CPU sets for `instance_group.host_policy`.
+    pub host_policies: crate::host_policy::HostPolicies,
 }
 
 /// One row of the repository index.
@@ -706,7 +708,15 @@ fn load_model(
     let mut versions = BTreeMap::new();
     for v in selected {
         let observer = opts.metrics.as_ref().and_then(|m| m.observer(name, v));
-        let state = match load_version(dir, v, &cfg, &labels, backend, observer) {
+        let state = match load_version(
+            dir,
+            v,
+            &cfg,
+            &labels,
+            backend,
+            observer,
+            &opts.host_policies,
+        ) {
             Ok(m) => {
                 tracing::info!(
                     model = name,
@@ -810,6 +820,7 @@ fn load_version(
     labels: &HashMap<String, Arc<Vec<String>>>,
     backend: &dyn Backend,
     observer: Option<Observer>,
+    policies: &crate::host_policy::HostPolicies,
 ) -> Result<ModelVersion> {
     let start = Instant::now();
     let file = model_file(&dir.path, version, cfg);
@@ -820,8 +831,9 @@ fn load_version(
         )));
     }
     let loaded = backend.load(cfg, &file)?;
+    let cores = instance_cores(cfg, policies)?;
     let mut instances = (0..cfg.instance_count())
-        .map(|i| loaded.new_instance(i))
+        .map(|i| loaded.new_instance(i).map(|inst| pin(inst, cores[i])))
         .collect::<Result<Vec<_>>>()?;
     warm_up(&dir.path, cfg, &mut instances)?;
     let scheduler = Arc::new(Scheduler::start(
@@ -841,6 +853,28 @@ fn load_version(
         load_secs: start.elapsed().as_secs_f64(),
         scheduler,
     })
+}
+
+/// The core each instance (in group order) is pinned to, from its group's `host_policy`.
+fn instance_cores(
+    cfg: &ModelConfig,
+    policies: &crate::host_policy::HostPolicies,
+) -> Result<Vec<Option<usize>>> {
+    let mut out = Vec::new();
+    for g in &cfg.instance_group {
+        let cores = policies.cores(&g.host_policy)?;
+        for k in 0..g.count.max(0) as usize {
+            out.push(cores.map(|c| c[k % c.len()]));
+        }
+    }
+    Ok(out)
+}
+
+fn pin(instance: Box<dyn Instance>, core: Option<usize>) -> Box<dyn Instance> {
+    match core {
+        Some(c) => Box::new(crate::host_policy::Pinned::new(instance, c)),
+        None => instance,
+    }
 }
 
 /// Runs every `model_warmup` sample `count` times (at least once) on every instance, as

@@ -134,6 +134,10 @@ pub struct Settings {
     #[arg(long, default_value_t = 2000)]
     pub metrics_interval_ms: u64,
 
+    /// Named CPU set for instance groups, Triton's syntax `NAME,cpu-cores=a-b`; repeat for several.
+    #[arg(long, value_name = "NAME,cpu-cores=a-b")]
+    pub host_policy: Vec<String>,
+
     /// Response cache, Triton's syntax: `local,size=BYTES`.
     #[arg(long, value_name = "local,size=BYTES")]
     pub cache_config: Vec<String>,
