@@ -80,9 +80,6 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
         (["v2", "models", rest @ ..], _) if !rest.is_empty() => {
             model_route(&app, rest, &method, req).await
         }
-        _ if segs.first() == Some(&"v2") => Err(ApiError(Error::not_found(format!(
-            "no route for {method} {path}"
-        )))),
         _ => Err(ApiError(Error::not_found(format!(
             "no route for {method} {path}"
         )))),
