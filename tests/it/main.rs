@@ -5,4 +5,5 @@ mod common;
 mod http_api;
 mod management;
 mod models;
+mod plugins;
 mod scheduling;

@@ -11,6 +11,10 @@
 //!   1, 8, 32.
 //! - `swap`: the longest gap in service while a model is reloaded several times under a client
 //!   loop, against the longest gap without reloads.
+//! - `plugins`: (a) an identity wasm plugin vs an identity ONNX model served side by side over
+//!   HTTP at concurrency 1 and 8; (b) `image-preprocess` on a 224×224 image as a wasm instance
+//!   vs the same Rust function called natively; (c) plugin compile times cold and from the
+//!   on-disk cache, and instantiate (+ `init`) time.
 //!
 //! Every loop is bounded by time and count; traffic is loopback only.
 
@@ -31,8 +35,11 @@ use wisp_tests::{binary_request, workspace_root, Client};
 
 #[derive(Parser)]
 struct Args {
-    /// Suites to run: http, batching, grpc, swap (default all).
-    #[arg(value_delimiter = ',', default_value = "http,batching,grpc,swap")]
+    /// Suites to run: http, batching, grpc, swap, plugins (default all).
+    #[arg(
+        value_delimiter = ',',
+        default_value = "http,batching,grpc,swap,plugins"
+    )]
     suites: Vec<String>,
     /// ONNX engine: onnxruntime or tract.
     #[arg(long, default_value = "onnxruntime")]
@@ -100,7 +107,7 @@ fn models() -> Vec<Model> {
 /// execution (the server gives each of these models one instance too). Throughput counts
 /// requests; latencies are per execution.
 fn in_process(
-    backend: &OnnxBackend,
+    backend: &dyn Backend,
     name: &str,
     repo: &Path,
     input: &[(&'static str, &'static str, Vec<i64>, Vec<u8>)],
@@ -567,6 +574,207 @@ fn swap_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
     Ok(())
 }
 
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn plugins_suite(
+    args: &Args,
+    rt: &tokio::runtime::Runtime,
+    backend: &OnnxBackend,
+    engine: OnnxEngine,
+) -> anyhow::Result<()> {
+    use wisp_plugin_runtime::{WasmBackend, WasmOptions};
+    use wisp_tests::add_plugin_model;
+
+    let repo = tempfile::tempdir()?;
+    let root = workspace_root();
+    wisp_tests::copy_dir(
+        &root.join("tests/fixtures/vision/identity"),
+        &repo.path().join("identity_onnx"),
+    )?;
+    std::fs::write(
+        repo.path().join("identity_onnx/config.pbtxt"),
+        "max_batch_size: 8\ninstance_group [ { count: 2 } ]\n",
+    )?;
+    add_plugin_model(
+        repo.path(),
+        "identity_wasm",
+        1,
+        "testkit",
+        r#"backend: "wasm"
+max_batch_size: 8
+instance_group [ { count: 2 } ]
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 16 ] } ]
+"#,
+    );
+    add_plugin_model(
+        repo.path(),
+        "preprocess",
+        1,
+        "image-preprocess",
+        r#"backend: "wasm"
+max_batch_size: 8
+input [ { name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "PIXELS" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
+"#,
+    );
+
+    println!(
+        "## plugins (a): identity wasm plugin vs identity ONNX model, HTTP binary, FP32 [1,16]\n"
+    );
+    println!("| concurrency | ONNX req/s | p50 µs | p99 µs | wasm req/s | p50 µs | p99 µs | wasm/ONNX throughput | wasm − ONNX p50 µs |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let server = start_server(rt, repo.path(), engine)?;
+    let row: Vec<u8> = (0..16).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let onnx = Model {
+        name: "identity_onnx",
+        repo: repo.path().to_path_buf(),
+        input: vec![("x", "FP32", vec![1, 16], row.clone())],
+    };
+    let wasm = Model {
+        name: "identity_wasm",
+        repo: repo.path().to_path_buf(),
+        input: vec![("INPUT", "FP32", vec![1, 16], row)],
+    };
+    for c in [1usize, 8] {
+        let o = rt.block_on(over_http(
+            server.http_addr(),
+            &onnx,
+            c,
+            args.seconds,
+            args.max_requests,
+        ))?;
+        let w = rt.block_on(over_http(
+            server.http_addr(),
+            &wasm,
+            c,
+            args.seconds,
+            args.max_requests,
+        ))?;
+        println!(
+            "| {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:+.0} |",
+            o.rps,
+            us(o.p50),
+            us(o.p99),
+            w.rps,
+            us(w.p50),
+            us(w.p99),
+            w.rps / o.rps,
+            us(w.p50) - us(o.p50)
+        );
+    }
+    rt.block_on(server.shutdown())?;
+
+    println!("\n## plugins (b): image-preprocess, 224×224 → FP32 [1,3,224,224], wasm instance vs native\n");
+    println!("| image | bytes | native p50 µs | wasm p50 µs | wasm p99 µs | wasm/native |");
+    println!("|---|---|---|---|---|---|");
+    let photo = |x: u32, y: u32| {
+        let v = (x * 7 + y * 13) % 256;
+        [v as u8, ((x * y) % 256) as u8, (255 - v) as u8]
+    };
+    let images = [
+        ("JPEG q90", plugin_imaging::encode_jpeg(224, 224, 90, photo)),
+        ("PNG", plugin_imaging::encode_png(224, 224, photo)),
+    ];
+    let wasm_backend = WasmBackend::new(WasmOptions::default(), None);
+    let opts = plugin_imaging::Options::default();
+    for (kind, bytes) in &images {
+        let mut lat = Vec::new();
+        let warm = Instant::now();
+        while warm.elapsed().as_secs_f64() < args.seconds / 4.0 {
+            std::hint::black_box(
+                plugin_imaging::preprocess(bytes, &opts).map_err(|e| anyhow!(e.message))?,
+            );
+        }
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < args.seconds && lat.len() < args.max_requests {
+            let t = Instant::now();
+            std::hint::black_box(
+                plugin_imaging::preprocess(bytes, &opts).map_err(|e| anyhow!(e.message))?,
+            );
+            lat.push(t.elapsed());
+        }
+        let native = stats(lat, start.elapsed());
+        let mut data = (bytes.len() as u32).to_le_bytes().to_vec();
+        data.extend_from_slice(bytes);
+        let w = in_process(
+            &wasm_backend,
+            "preprocess",
+            repo.path(),
+            &[("IMAGE", "BYTES", vec![1, 1], data)],
+            1,
+            args.seconds,
+            args.max_requests,
+        )?;
+        println!(
+            "| {kind} | {} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            bytes.len(),
+            us(native.p50),
+            us(w.p50),
+            us(w.p99),
+            us(w.p50) / us(native.p50)
+        );
+    }
+
+    println!("\n## plugins (c): compile and instantiate (medians of 5; instantiate of 50)\n");
+    println!("| plugin | .wasm bytes | cold compile ms | load from cache ms | link µs | instantiate + init µs |");
+    println!("|---|---|---|---|---|---|");
+    for (model, plugin) in [
+        ("identity_wasm", "testkit"),
+        ("preprocess", "image-preprocess"),
+    ] {
+        let dir = ModelDir {
+            name: model.into(),
+            path: repo.path().join(model),
+        };
+        let cfg = prepare_config(&dir, backend, true).map_err(|e| anyhow!("{e}"))?;
+        let file = model_file(&dir.path, 1, &cfg);
+        let (mut cold, mut cached, mut link) = (Vec::new(), Vec::new(), Vec::new());
+        let mut loaded = None;
+        for _ in 0..5 {
+            let cache = tempfile::tempdir()?;
+            let options = || WasmOptions {
+                cache_dir: Some(cache.path().to_path_buf()),
+                ..Default::default()
+            };
+            let (_, t) = WasmBackend::new(options(), None)
+                .load_timed(&cfg, &file)
+                .map_err(|e| anyhow!("{e}"))?;
+            anyhow::ensure!(t.source == wisp_plugin_runtime::CompileSource::Compiled);
+            cold.push(t.compile);
+            let (m, t) = WasmBackend::new(options(), None)
+                .load_timed(&cfg, &file)
+                .map_err(|e| anyhow!("{e}"))?;
+            anyhow::ensure!(t.source == wisp_plugin_runtime::CompileSource::Cache);
+            cached.push(t.compile);
+            link.push(t.link);
+            loaded = Some(m);
+        }
+        let loaded = loaded.expect("five loads");
+        let mut inst = Vec::new();
+        for _ in 0..50 {
+            let t = Instant::now();
+            let i = wisp_core::backend::LoadedModel::new_instance(&loaded, 0)
+                .map_err(|e| anyhow!("{e}"))?;
+            inst.push(t.elapsed());
+            drop(i);
+        }
+        println!(
+            "| {plugin} | {} | {:.1} | {:.2} | {:.0} | {:.0} |",
+            std::fs::metadata(&file)?.len(),
+            median(cold).as_secs_f64() * 1e3,
+            median(cached).as_secs_f64() * 1e3,
+            us(median(link)),
+            us(median(inst)),
+        );
+    }
+    println!();
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let (engine, choice) = match args.engine.as_str() {
@@ -591,7 +799,10 @@ fn main() -> anyhow::Result<()> {
             "batching" => batching_suite(&args, &rt, &backend, engine)?,
             "grpc" => grpc_suite(&args, &rt, engine)?,
             "swap" => swap_suite(&args, &rt, engine)?,
-            other => anyhow::bail!("unknown suite '{other}' (http, batching, grpc, swap)"),
+            "plugins" => plugins_suite(&args, &rt, &backend, engine)?,
+            other => {
+                anyhow::bail!("unknown suite '{other}' (http, batching, grpc, swap, plugins)")
+            }
         }
     }
     Ok(())

@@ -24,6 +24,33 @@ pub fn fixture_repo() -> PathBuf {
     workspace_root().join("tests/fixtures/repo")
 }
 
+/// A compiled example plugin (`plugins/<crate>` → `plugin_<name>.wasm`). `./dev test` builds
+/// them first; panics with the build command when one is missing.
+pub fn plugin_wasm(name: &str) -> PathBuf {
+    let file = format!("plugin_{}.wasm", name.replace('-', "_"));
+    let path = workspace_root()
+        .join("plugins/target/wasm32-wasip2/release")
+        .join(&file);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the plugins with `./dev plugins` (cargo build --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml)",
+        path.display()
+    );
+    path
+}
+
+/// Adds a plugin model to `repo`: `<repo>/<model>/config.pbtxt` and `<version>/model.wasm`.
+pub fn add_plugin_model(repo: &Path, model: &str, version: u64, plugin: &str, config: &str) {
+    let dir = repo.join(model);
+    std::fs::create_dir_all(dir.join(version.to_string())).expect("create model dir");
+    std::fs::write(dir.join("config.pbtxt"), config).expect("write config");
+    std::fs::copy(
+        plugin_wasm(plugin),
+        dir.join(version.to_string()).join("model.wasm"),
+    )
+    .expect("copy plugin");
+}
+
 /// Copies a directory tree (fixtures are copied to a tempdir before tests change them).
 pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;

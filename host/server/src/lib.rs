@@ -12,6 +12,7 @@ pub mod host_policy;
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod plugins;
 pub mod registry;
 pub mod settings;
 
@@ -62,10 +63,20 @@ impl Server {
         };
         let backend = OnnxBackend::new(choice, lib).map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(engine = backend.engine(), "ONNX engine selected");
+        let plugin_failures = Arc::new(wisp_plugin_runtime::FailureCounts::default());
+        let caller = Arc::new(plugins::RegistryCaller::default());
+        let wasm = wisp_plugin_runtime::WasmBackend::new(
+            wisp_plugin_runtime::WasmOptions {
+                cache_dir: settings.wasm_cache(),
+                pooling: settings.wasm_pooling,
+                failures: plugin_failures.clone(),
+            },
+            Some(caller.clone()),
+        );
         let metrics = if settings.allow_metrics {
             let o = metrics::MetricsOptions::parse(&settings.metrics_config)
                 .map_err(|e| anyhow::anyhow!(e))?;
-            Some(metrics::Metrics::new(o).map_err(|e| anyhow::anyhow!(e))?)
+            Some(metrics::Metrics::new(o, plugin_failures).map_err(|e| anyhow::anyhow!(e))?)
         } else {
             None
         };
@@ -81,9 +92,13 @@ impl Server {
         };
         let registry = Arc::new(Registry::new(
             settings.model_repositories.clone(),
-            Arc::new(backend),
+            Arc::new(plugins::Backends {
+                onnx: backend,
+                wasm,
+            }),
             opts,
         ));
+        caller.attach(&registry);
         let initial: Option<Vec<String>> = match settings.model_control_mode {
             ControlMode::Explicit => Some(settings.load_model.clone()),
             ControlMode::None | ControlMode::Poll => None,

@@ -88,11 +88,15 @@ pub struct Metrics {
     recorder: PrometheusRecorder,
     options: MetricsOptions,
     cpu: Mutex<Option<(u64, u64)>>,
+    plugin_failures: Arc<wisp_plugin_runtime::FailureCounts>,
 }
 
 impl Metrics {
-    /// A recorder with `options`.
-    pub fn new(options: MetricsOptions) -> Result<Arc<Self>, String> {
+    /// A recorder with `options`, reporting the plugin failures counted in `plugin_failures`.
+    pub fn new(
+        options: MetricsOptions,
+        plugin_failures: Arc<wisp_plugin_runtime::FailureCounts>,
+    ) -> Result<Arc<Self>, String> {
         let recorder = PrometheusBuilder::new()
             .set_quantiles(&options.quantiles)
             .map_err(|e| format!("metrics: {e}"))?
@@ -101,6 +105,7 @@ impl Metrics {
             recorder,
             options,
             cpu: Mutex::new(None),
+            plugin_failures,
         });
         with_local_recorder(&m.recorder, describe);
         Ok(m)
@@ -181,6 +186,14 @@ impl Metrics {
                     }
                 }
             }
+            for (model, version, reason, n) in self.plugin_failures.snapshot() {
+                let l = [
+                    ("model", model),
+                    ("version", version),
+                    ("reason", reason.as_str().to_string()),
+                ];
+                counter!("wisp_plugin_failure_total", &l).absolute(n);
+            }
             if let Some(u) = self.cpu_utilization() {
                 gauge!("nv_cpu_utilization").set(u);
             }
@@ -205,6 +218,10 @@ impl Metrics {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge};
+    describe_counter!(
+        "wisp_plugin_failure_total",
+        "Plugin calls that trapped, ran past their deadline, ran out of memory or fuel, returned bad outputs, or failed init (label reason)"
+    );
     describe_counter!(
         "nv_inference_request_success",
         "Number of successful inference requests, all batch sizes"

@@ -53,6 +53,33 @@ impl ModelVersion {
         })?
     }
 
+    /// Runs one request through the scheduler from a thread that may block (a plugin's
+    /// wasi-nn call), waiting at most until `deadline`.
+    pub fn infer_blocking(
+        &self,
+        request: InferRequest,
+        deadline: Instant,
+    ) -> Result<InferResponse> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.scheduler.enqueue(
+            request,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )?;
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(r) => r,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::unavailable(format!(
+                "model '{}' did not answer before the caller's deadline",
+                self.name
+            ))),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::internal(format!(
+                "model '{}' dropped the request without answering",
+                self.name
+            ))),
+        }
+    }
+
     /// The version's statistics.
     pub fn stats(&self) -> &Arc<ModelStats> {
         self.scheduler.stats()

@@ -191,9 +191,38 @@ pub struct Settings {
     /// Which engine serves ONNX models.
     #[arg(long, value_enum, default_value_t = OnnxEngine::Auto)]
     pub onnx_engine: OnnxEngine,
+
+    /// Where compiled wasm plugins are cached, keyed by wasmtime version, engine settings and
+    /// the component's sha256 (default: $XDG_CACHE_HOME/wisp/wasm or ~/.cache/wisp/wasm).
+    #[arg(long, value_name = "DIR")]
+    pub wasm_cache_dir: Option<PathBuf>,
+
+    /// Compile plugins on every load instead of caching them.
+    #[arg(long)]
+    pub no_wasm_cache: bool,
+
+    /// Use wasmtime's pooling instance allocator for plugins (falls back to on-demand
+    /// allocation when the address space cannot be reserved).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub wasm_pooling: bool,
 }
 
 impl Settings {
+    /// The plugin cache directory in effect (`None`: caching is off).
+    pub fn wasm_cache(&self) -> Option<PathBuf> {
+        if self.no_wasm_cache {
+            return None;
+        }
+        if let Some(d) = &self.wasm_cache_dir {
+            return Some(d.clone());
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        Some(base.join("wisp").join("wasm"))
+    }
+
     /// Settings for a repository with every other value at its default (used by tests and
     /// embedders).
     pub fn for_repository(repo: impl Into<PathBuf>) -> Self {

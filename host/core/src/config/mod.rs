@@ -25,6 +25,8 @@ use crate::error::Error;
 pub const ONNX_PLATFORM: &str = "onnxruntime_onnx";
 /// The backend name Triton uses for ONNX models.
 pub const ONNX_BACKEND: &str = "onnxruntime";
+/// The backend name of WebAssembly plugin models.
+pub const WASM_BACKEND: &str = "wasm";
 /// Default `max_batch_size` given to models that can batch but do not say (Triton's
 /// `--backend-config=default-max-batch-size`).
 pub const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
@@ -307,6 +309,11 @@ impl ModelConfig {
         self.platform == ONNX_PLATFORM || self.backend == ONNX_BACKEND
     }
 
+    /// A WebAssembly component (`backend: "wasm"`) serves this model.
+    pub fn is_wasm(&self) -> bool {
+        self.backend == WASM_BACKEND
+    }
+
     /// The model has an implicit batch dimension.
     pub fn batches(&self) -> bool {
         self.max_batch_size > 0
@@ -467,9 +474,21 @@ pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
             .flatten()
             .flatten()
             .any(|e| e.path().join("model.onnx").is_file());
+        let has_wasm = || {
+            std::fs::read_dir(model_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| e.path().join("model.wasm").is_file())
+        };
         if has_onnx {
             cfg.backend = ONNX_BACKEND.into();
+        } else if has_wasm() {
+            cfg.backend = WASM_BACKEND.into();
         }
+    }
+    if cfg.is_wasm() && cfg.default_model_filename.is_empty() {
+        cfg.default_model_filename = "model.wasm".into();
     }
     if cfg.is_onnx() {
         if cfg.platform.is_empty() {
@@ -536,12 +555,13 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
             ),
         );
     }
-    if !cfg.is_onnx() {
+    let wasm = cfg.is_wasm() && cfg.platform.is_empty();
+    if !(cfg.is_onnx() || wasm) {
         let what = if cfg.platform.is_empty() && cfg.backend.is_empty() {
-            "neither platform nor backend is set and no <version>/model.onnx was found".to_string()
+            "neither platform nor backend is set and no <version>/model.onnx or model.wasm was found".to_string()
         } else {
             format!(
-                "unsupported platform '{}' / backend '{}', expected platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\"",
+                "unsupported platform '{}' / backend '{}', expected platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\" or \"{WASM_BACKEND}\"",
                 cfg.platform, cfg.backend
             )
         };

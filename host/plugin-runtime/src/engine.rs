@@ -1,0 +1,206 @@
+//! The shared wasmtime engines, the epoch ticker that enforces deadlines, and compilation with
+//! an on-disk cache of precompiled components.
+
+use std::hash::Hasher;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
+use wisp_core::{Error, Result};
+
+/// How often the epoch advances; deadlines are rounded up to whole ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(2);
+
+/// Ticks in `timeout`, at least one, plus one so a deadline is never shorter than asked.
+pub fn deadline_ticks(timeout: Duration) -> u64 {
+    (timeout.as_nanos() / EPOCH_TICK.as_nanos()).max(1) as u64 + 1
+}
+
+/// Where a compiled component came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompileSource {
+    /// Compiled by Cranelift now (and written to the cache, if there is one).
+    Compiled,
+    /// Loaded from the on-disk cache.
+    Cache,
+}
+
+/// The two engines (with and without fuel metering: a precompiled artifact only loads into an
+/// engine with the same settings), created on first use and ticked by one thread.
+pub struct Engines {
+    plain: OnceLock<Engine>,
+    fueled: OnceLock<Engine>,
+    cache_dir: Option<PathBuf>,
+    pooling: bool,
+}
+
+impl Engines {
+    /// Engines caching precompiled components under `cache_dir` (none: always compile), using
+    /// the pooling instance allocator when `pooling` (falling back to on-demand allocation if
+    /// the pool cannot be reserved).
+    pub fn new(cache_dir: Option<PathBuf>, pooling: bool) -> Arc<Self> {
+        Arc::new(Engines {
+            plain: OnceLock::new(),
+            fueled: OnceLock::new(),
+            cache_dir,
+            pooling,
+        })
+    }
+
+    /// The engine for models with (`fuel`) or without fuel metering.
+    pub fn get(self: &Arc<Self>, fuel: bool) -> Result<&Engine> {
+        let cell = if fuel { &self.fueled } else { &self.plain };
+        if let Some(e) = cell.get() {
+            return Ok(e);
+        }
+        let engine = build_engine(fuel, self.pooling)?;
+        if cell.set(engine.clone()).is_ok() {
+            spawn_ticker(engine.weak());
+        }
+        Ok(cell.get().expect("just set"))
+    }
+
+    /// The cache directory, if caching is on.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache_dir.as_deref()
+    }
+
+    /// Compiles `wasm` (a component) for `engine`, or loads it from the cache.
+    pub fn compile(&self, engine: &Engine, wasm: &[u8]) -> Result<(Component, CompileSource)> {
+        let compile = || {
+            Component::new(engine, wasm)
+                .map_err(|e| Error::invalid(format!("not a valid WebAssembly component: {e:#}")))
+        };
+        let Some(dir) = &self.cache_dir else {
+            return Ok((compile()?, CompileSource::Compiled));
+        };
+        let path = dir.join(format!("{}.cwasm", cache_key(engine, wasm)));
+        if path.is_file() {
+            match load_cached(engine, &path) {
+                Ok(c) => return Ok((c, CompileSource::Cache)),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}")
+                }
+            }
+        }
+        let bytes = engine
+            .precompile_component(wasm)
+            .map_err(|e| Error::invalid(format!("not a valid WebAssembly component: {e:#}")))?;
+        if let Err(e) = write_atomically(dir, &path, &bytes) {
+            tracing::warn!(dir = %dir.display(), "cannot write the component cache: {e}");
+        }
+        let component = match load_cached(engine, &path) {
+            Ok(c) => c,
+            Err(_) => compile()?,
+        };
+        Ok((component, CompileSource::Compiled))
+    }
+}
+
+fn build_engine(fuel: bool, pooling: bool) -> Result<Engine> {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .consume_fuel(fuel)
+        .cranelift_opt_level(OptLevel::Speed)
+        .parallel_compilation(true);
+    if pooling {
+        let mut pool = PoolingAllocationConfig::default();
+        pool.max_memory_size((crate::limits::MAX_MEMORY_MB as usize) << 20);
+        let mut pooled = config.clone();
+        pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        match Engine::new(&pooled) {
+            Ok(e) => return Ok(e),
+            Err(e) => tracing::warn!("pooling allocator unavailable, allocating on demand: {e:#}"),
+        }
+    }
+    Engine::new(&config)
+        .map_err(|e| Error::internal(format!("cannot create the wasm engine: {e:#}")))
+}
+
+/// Advances the engine's epoch every tick while the engine lives.
+fn spawn_ticker(engine: wasmtime::EngineWeak) {
+    let spawned = std::thread::Builder::new()
+        .name("wisp-wasm-epoch".into())
+        .spawn(move || {
+            let mut next = Instant::now();
+            loop {
+                next += EPOCH_TICK;
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                match engine.upgrade() {
+                    Some(e) => e.increment_epoch(),
+                    None => return,
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the wasm epoch thread, plugin deadlines will not fire: {e}");
+    }
+}
+
+/// sha256 of the wasmtime version, the engine's compatibility settings and the component.
+fn cache_key(engine: &Engine, wasm: &[u8]) -> String {
+    struct Sha(Sha256);
+    impl Hasher for Sha {
+        fn finish(&self) -> u64 {
+            0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            self.0.update(bytes);
+        }
+    }
+    let mut h = Sha(Sha256::new());
+    h.write(b"wasmtime-48.0.8\0");
+    std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut h);
+    h.write(b"\0");
+    h.write(wasm);
+    h.0.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[allow(unsafe_code)]
+fn load_cached(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
+    // SAFETY: `deserialize_file` trusts the file to be a component precompiled by this wasmtime
+    // with compatible settings. Only this module writes the cache directory, always through a
+    // temporary file renamed into place (never a partial file), under a name derived from the
+    // wasmtime version and the engine's compatibility hash; wasmtime also checks the artifact's
+    // version and settings header before using it.
+    unsafe { Component::deserialize_file(engine, path) }
+}
+
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("component"),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_round_up() {
+        assert_eq!(deadline_ticks(Duration::ZERO), 2);
+        assert_eq!(deadline_ticks(EPOCH_TICK * 10), 11);
+    }
+
+    #[test]
+    fn rejects_bytes_that_are_not_a_component() {
+        let dir = tempfile::tempdir().unwrap();
+        let engines = Engines::new(Some(dir.path().to_path_buf()), false);
+        let engine = engines.get(false).unwrap().clone();
+        let e = engines.compile(&engine, b"not wasm").unwrap_err();
+        assert!(e.message().contains("not a valid WebAssembly component"));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}

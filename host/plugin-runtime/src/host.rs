@@ -1,0 +1,252 @@
+//! Host side of the `wisp:plugin` world: generated bindings, the per-store state, logging, and
+//! conversions between the WIT types and `wisp-core`'s.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use wasmtime::component::ResourceTable;
+use wasmtime::StoreLimits;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wisp_core::{DataType, Error, ErrorKind, InferRequest, Tensor};
+
+use crate::ModelCaller;
+
+wasmtime::component::bindgen!({
+    path: "../../wit",
+    world: "wisp:plugin/model",
+    imports: { default: trappable },
+    with: {
+        "wasi:nn/tensor.tensor": crate::nn::NnTensor,
+        "wasi:nn/graph.graph": crate::nn::NnGraph,
+        "wasi:nn/inference.graph-execution-context": crate::nn::NnContext,
+        "wasi:nn/errors.error": crate::nn::NnError,
+    },
+});
+
+pub use wisp::plugin::types as wit;
+
+/// What one plugin instance's store holds.
+pub struct State {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    /// The model this plugin serves (a plugin may not call itself through wasi-nn).
+    pub(crate) model: Arc<str>,
+    /// Runs wasi-nn calls on the server's models.
+    pub(crate) caller: Option<Arc<dyn ModelCaller>>,
+    /// When the current call must be over (wasi-nn calls wait at most until then).
+    pub(crate) deadline: Instant,
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl wit::Host for State {}
+
+impl wisp::plugin::logging::Host for State {
+    fn log(
+        &mut self,
+        level: wisp::plugin::logging::Level,
+        message: String,
+    ) -> wasmtime::Result<()> {
+        use wisp::plugin::logging::Level;
+        const MAX: usize = 4096;
+        let mut message = message;
+        if message.len() > MAX {
+            let mut cut = MAX;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push('…');
+        }
+        let model = &*self.model;
+        match level {
+            Level::Trace => tracing::trace!(target: "wisp::plugin", model, "{message}"),
+            Level::Debug => tracing::debug!(target: "wisp::plugin", model, "{message}"),
+            Level::Info => tracing::info!(target: "wisp::plugin", model, "{message}"),
+            Level::Warn => tracing::warn!(target: "wisp::plugin", model, "{message}"),
+            Level::Error => tracing::error!(target: "wisp::plugin", model, "{message}"),
+        }
+        Ok(())
+    }
+
+    fn enabled(&mut self, level: wisp::plugin::logging::Level) -> wasmtime::Result<bool> {
+        use wisp::plugin::logging::Level;
+        Ok(match level {
+            Level::Trace => tracing::enabled!(target: "wisp::plugin", tracing::Level::TRACE),
+            Level::Debug => tracing::enabled!(target: "wisp::plugin", tracing::Level::DEBUG),
+            Level::Info => tracing::enabled!(target: "wisp::plugin", tracing::Level::INFO),
+            Level::Warn => tracing::enabled!(target: "wisp::plugin", tracing::Level::WARN),
+            Level::Error => tracing::enabled!(target: "wisp::plugin", tracing::Level::ERROR),
+        })
+    }
+}
+
+/// The WIT datatype of a core one.
+pub fn to_wit_datatype(d: DataType) -> wit::Datatype {
+    use wit::Datatype as W;
+    match d {
+        DataType::Bool => W::Bool,
+        DataType::Uint8 => W::Uint8,
+        DataType::Uint16 => W::Uint16,
+        DataType::Uint32 => W::Uint32,
+        DataType::Uint64 => W::Uint64,
+        DataType::Int8 => W::Int8,
+        DataType::Int16 => W::Int16,
+        DataType::Int32 => W::Int32,
+        DataType::Int64 => W::Int64,
+        DataType::Fp16 => W::Fp16,
+        DataType::Fp32 => W::Fp32,
+        DataType::Fp64 => W::Fp64,
+        DataType::Bf16 => W::Bf16,
+        DataType::Bytes => W::Bytes,
+    }
+}
+
+/// The core datatype of a WIT one.
+pub fn from_wit_datatype(d: wit::Datatype) -> DataType {
+    use wit::Datatype as W;
+    match d {
+        W::Bool => DataType::Bool,
+        W::Uint8 => DataType::Uint8,
+        W::Uint16 => DataType::Uint16,
+        W::Uint32 => DataType::Uint32,
+        W::Uint64 => DataType::Uint64,
+        W::Int8 => DataType::Int8,
+        W::Int16 => DataType::Int16,
+        W::Int32 => DataType::Int32,
+        W::Int64 => DataType::Int64,
+        W::Fp16 => DataType::Fp16,
+        W::Fp32 => DataType::Fp32,
+        W::Fp64 => DataType::Fp64,
+        W::Bf16 => DataType::Bf16,
+        W::Bytes => DataType::Bytes,
+    }
+}
+
+fn to_wit_param(key: &str, v: &serde_json::Value) -> wit::Param {
+    use serde_json::Value;
+    let value = match v {
+        Value::Bool(b) => wit::ParamValue::Bool(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => wit::ParamValue::Int(i),
+            None => wit::ParamValue::Double(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Value::String(s) => wit::ParamValue::Text(s.clone()),
+        other => wit::ParamValue::Text(other.to_string()),
+    };
+    wit::Param {
+        key: key.to_string(),
+        value,
+    }
+}
+
+/// A request as the plugin sees it (tensor data is copied into the guest once, by the call).
+pub fn to_wit_request(r: &InferRequest) -> wit::Request {
+    wit::Request {
+        id: r.id.clone(),
+        inputs: r
+            .inputs
+            .iter()
+            .map(|t| wit::Tensor {
+                name: t.name.clone(),
+                datatype: to_wit_datatype(t.datatype),
+                shape: t.shape.clone(),
+                data: t.data.to_vec(),
+            })
+            .collect(),
+        requested_outputs: r.requested_outputs.clone(),
+        parameters: r
+            .parameters
+            .iter()
+            .map(|(k, v)| to_wit_param(k, v))
+            .collect(),
+    }
+}
+
+/// A plugin's output tensor as a core tensor (checks data length against shape and type).
+pub fn from_wit_tensor(t: wit::Tensor) -> wisp_core::Result<Tensor> {
+    if let Some(d) = t.shape.iter().find(|&&d| d < 0) {
+        return Err(Error::internal(format!(
+            "output '{}' has a negative dimension {d} in shape {:?}",
+            t.name, t.shape
+        )));
+    }
+    Tensor::new(
+        t.name,
+        from_wit_datatype(t.datatype),
+        t.shape,
+        Bytes::from(t.data),
+    )
+    .map_err(|e| Error::internal(e.message().to_string()))
+}
+
+/// A plugin's error as a core error.
+pub fn from_wit_error(e: wit::Error) -> Error {
+    let kind = match e.code {
+        wit::ErrorCode::InvalidArgument => ErrorKind::InvalidArg,
+        wit::ErrorCode::NotFound => ErrorKind::NotFound,
+        wit::ErrorCode::Unavailable => ErrorKind::Unavailable,
+        wit::ErrorCode::Unsupported => ErrorKind::Unsupported,
+        wit::ErrorCode::Internal => ErrorKind::Internal,
+    };
+    Error::new(kind, e.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datatypes_round_trip() {
+        for name in [
+            "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+            "FP16", "FP32", "FP64", "BF16", "BYTES",
+        ] {
+            let d = DataType::parse(name).unwrap();
+            assert_eq!(from_wit_datatype(to_wit_datatype(d)), d);
+        }
+    }
+
+    #[test]
+    fn parameters_keep_their_types() {
+        let mut r = InferRequest::default();
+        r.parameters.insert("b".into(), true.into());
+        r.parameters.insert("i".into(), (-3).into());
+        r.parameters.insert("f".into(), 0.5.into());
+        r.parameters.insert("s".into(), "x".into());
+        let w = to_wit_request(&r);
+        let find = |k: &str| {
+            w.parameters
+                .iter()
+                .find(|p| p.key == k)
+                .unwrap()
+                .value
+                .clone()
+        };
+        assert!(matches!(find("b"), wit::ParamValue::Bool(true)));
+        assert!(matches!(find("i"), wit::ParamValue::Int(-3)));
+        assert!(matches!(find("f"), wit::ParamValue::Double(v) if v == 0.5));
+        assert!(matches!(find("s"), wit::ParamValue::Text(s) if s == "x"));
+    }
+
+    #[test]
+    fn output_tensors_are_checked() {
+        let bad = wit::Tensor {
+            name: "y".into(),
+            datatype: wit::Datatype::Fp32,
+            shape: vec![2],
+            data: vec![0; 4],
+        };
+        let e = from_wit_tensor(bad).unwrap_err();
+        assert!(e.message().contains("'y'"), "{}", e.message());
+    }
+}

@@ -1,0 +1,374 @@
+//! One plugin instance: a store, its sandbox, `init`, `execute`, and replacement after a trap.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{Store, StoreLimitsBuilder, Trap};
+use wasmtime_wasi::{FsPerms, HostMonotonicClock, HostWallClock, WasiCtxBuilder};
+use wisp_core::backend::{ExecTiming, Instance};
+use wisp_core::config::ModelConfig;
+use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
+
+use crate::engine::deadline_ticks;
+use crate::host::{self, Model, ModelPre, State};
+use crate::limits::{Limits, GUEST_DATA_DIR};
+use crate::stdio::PluginOutput;
+use crate::ModelCaller;
+
+/// What every instance of one model version shares.
+pub(crate) struct Shared {
+    pub name: Arc<str>,
+    pub version: String,
+    pub config: Arc<ModelConfig>,
+    pub limits: Limits,
+    pub pre: ModelPre<State>,
+    pub caller: Option<Arc<dyn ModelCaller>>,
+    pub failures: Arc<crate::FailureCounts>,
+}
+
+/// Why a call failed, as the `reason` label of `wisp_plugin_failure_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Failure {
+    /// The guest trapped (a Rust panic, `unreachable`, a bad memory access, ...).
+    Trap,
+    /// It ran past `wasm.timeout_ms`.
+    Deadline,
+    /// It tried to grow its memory past `wasm.memory_limit_mb`.
+    Memory,
+    /// It used up `wasm.fuel`.
+    Fuel,
+    /// It returned results inconsistent with the config or the batch.
+    BadOutput,
+    /// `init` failed or trapped.
+    Init,
+}
+
+impl Failure {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Trap => "trap",
+            Failure::Deadline => "deadline",
+            Failure::Memory => "memory",
+            Failure::Fuel => "fuel",
+            Failure::BadOutput => "bad_output",
+            Failure::Init => "init",
+        }
+    }
+}
+
+fn count_failure(shared: &Shared, why: Failure) {
+    shared.failures.add(&shared.name, &shared.version, why);
+}
+
+/// Sorts a wasmtime error into a failure kind and a message for clients.
+fn classify(err: &wasmtime::Error, limits: &Limits, output: &PluginOutput) -> (Failure, String) {
+    let text = format!("{err:#}");
+    let (why, mut message) = match err.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => (
+            Failure::Deadline,
+            format!("exceeded its deadline of {} ms", limits.timeout.as_millis()),
+        ),
+        Some(Trap::OutOfFuel) => (
+            Failure::Fuel,
+            format!(
+                "ran out of fuel ({} units per call)",
+                limits.fuel.unwrap_or(0)
+            ),
+        ),
+        _ if text.contains("forcing trap when growing memory") => (
+            Failure::Memory,
+            format!(
+                "exceeded its memory limit of {} MiB",
+                limits.memory_bytes >> 20
+            ),
+        ),
+        Some(trap) => (Failure::Trap, format!("trapped: {trap}")),
+        None => (Failure::Trap, format!("failed: {}", first_line(&text))),
+    };
+    let printed = output.tail();
+    if !printed.is_empty() {
+        let last: Vec<&str> = printed.lines().rev().take(3).collect();
+        let last: Vec<&str> = last.into_iter().rev().collect();
+        message.push_str(&format!(" (plugin output: {})", last.join(" | ")));
+    }
+    (why, message)
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+struct FrozenWallClock;
+impl HostWallClock for FrozenWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+struct FrozenMonotonicClock;
+impl HostMonotonicClock for FrozenMonotonicClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// A live, initialized plugin instance.
+struct Live {
+    store: Store<State>,
+    bindings: Model,
+    output: PluginOutput,
+}
+
+fn instantiate(shared: &Shared) -> std::result::Result<Live, (Failure, Error)> {
+    let limits = &shared.limits;
+    let output = PluginOutput::new(&shared.name);
+    let mut wasi = WasiCtxBuilder::new();
+    wasi.stdout(output.clone())
+        .stderr(output.clone())
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .envs(&limits.env);
+    if !limits.clock {
+        wasi.wall_clock(FrozenWallClock)
+            .monotonic_clock(FrozenMonotonicClock);
+    }
+    if let Some(dir) = &limits.read_dir {
+        wasi.preopened_dir(dir, GUEST_DATA_DIR, FsPerms::ReadOnly)
+            .map_err(|e| {
+                (
+                    Failure::Init,
+                    Error::invalid(format!(
+                        "plugin '{}': cannot grant {}: {e:#}",
+                        shared.name,
+                        dir.display()
+                    )),
+                )
+            })?;
+    }
+    let state = State {
+        wasi: wasi.build(),
+        table: ResourceTable::new(),
+        limits: StoreLimitsBuilder::new()
+            .memory_size(limits.memory_bytes)
+            .trap_on_grow_failure(true)
+            .build(),
+        model: shared.name.clone(),
+        caller: shared.caller.clone(),
+        deadline: Instant::now() + limits.timeout,
+    };
+    let engine = shared.pre.engine();
+    let mut store = Store::new(engine, state);
+    store.limiter(|s| &mut s.limits);
+    arm(&mut store, limits).map_err(|e| (Failure::Init, e))?;
+    let fail = |e: wasmtime::Error, output: &PluginOutput| {
+        let (_, msg) = classify(&e, limits, output);
+        (
+            Failure::Init,
+            Error::unavailable(format!("plugin '{}' init {msg}", shared.name)),
+        )
+    };
+    let bindings = shared
+        .pre
+        .instantiate(&mut store)
+        .map_err(|e| fail(e, &output))?;
+    let params: Vec<(String, String)> = shared
+        .config
+        .parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), v.string_value.clone()))
+        .collect();
+    match bindings.wisp_plugin_plugin().call_init(&mut store, &params) {
+        Ok(Ok(())) => Ok(Live {
+            store,
+            bindings,
+            output,
+        }),
+        Ok(Err(e)) => Err((
+            Failure::Init,
+            Error::unavailable(format!(
+                "plugin '{}' init failed: {}",
+                shared.name, e.message
+            )),
+        )),
+        Err(e) => Err(fail(e, &output)),
+    }
+}
+
+/// Sets the deadline (and fuel) for the next call.
+fn arm(store: &mut Store<State>, limits: &Limits) -> Result<()> {
+    store.set_epoch_deadline(deadline_ticks(limits.timeout));
+    store.data_mut().deadline = Instant::now() + limits.timeout;
+    if let Some(fuel) = limits.fuel {
+        store
+            .set_fuel(fuel)
+            .map_err(|e| Error::internal(format!("cannot set fuel: {e:#}")))?;
+    }
+    Ok(())
+}
+
+/// A model instance running a plugin.
+pub(crate) struct WasmInstance {
+    shared: Arc<Shared>,
+    live: Option<Live>,
+}
+
+impl WasmInstance {
+    /// Instantiates and initializes the plugin (an `init` failure fails the load).
+    pub fn new(shared: Arc<Shared>) -> Result<Self> {
+        let live = instantiate(&shared).map_err(|(why, e)| {
+            count_failure(&shared, why);
+            e
+        })?;
+        Ok(WasmInstance {
+            shared,
+            live: Some(live),
+        })
+    }
+
+    /// Checks one response against the config and the request.
+    fn check_response(
+        &self,
+        request: &InferRequest,
+        response: host::wit::Response,
+    ) -> Result<InferResponse> {
+        let cfg = &self.shared.config;
+        let batched = cfg.max_batch_size > 0;
+        let rows = request.batch_size(batched) as i64;
+        let mut outputs = Vec::with_capacity(response.outputs.len());
+        for t in response.outputs {
+            let t = host::from_wit_tensor(t)?;
+            let Some(c) = cfg.output.iter().find(|c| c.name == t.name) else {
+                return Err(Error::internal(format!(
+                    "returned output '{}', which the config does not declare",
+                    t.name
+                )));
+            };
+            if outputs.iter().any(|o: &wisp_core::Tensor| o.name == t.name) {
+                return Err(Error::internal(format!(
+                    "returned output '{}' twice",
+                    t.name
+                )));
+            }
+            if DataType::from_config_name(&c.data_type) != Some(t.datatype) {
+                return Err(Error::internal(format!(
+                    "returned output '{}' as {}, the config declares {}",
+                    t.name, t.datatype, c.data_type
+                )));
+            }
+            let dims: &[i64] = &t.shape;
+            let ok = if batched {
+                dims.len() == c.dims.len() + 1 && dims[0] == rows && dims_match(&dims[1..], &c.dims)
+            } else {
+                dims_match(dims, &c.dims)
+            };
+            if !ok {
+                let want = if batched {
+                    format!("[{rows}] + {:?}", c.dims)
+                } else {
+                    format!("{:?}", c.dims)
+                };
+                return Err(Error::internal(format!(
+                    "returned output '{}' with shape {:?}, the config declares {want}",
+                    t.name, t.shape
+                )));
+            }
+            outputs.push(t);
+        }
+        for want in &request.requested_outputs {
+            if !outputs.iter().any(|o| &o.name == want) {
+                return Err(Error::internal(format!(
+                    "did not return the requested output '{want}'"
+                )));
+            }
+        }
+        Ok(InferResponse { outputs })
+    }
+}
+
+fn dims_match(got: &[i64], want: &[i64]) -> bool {
+    got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| w < 0 || g == w)
+}
+
+impl Instance for WasmInstance {
+    fn execute(
+        &mut self,
+        batch: &[InferRequest],
+        timing: &mut ExecTiming,
+    ) -> Vec<Result<InferResponse>> {
+        let shared = self.shared.clone();
+        let fail_all = |e: Error| batch.iter().map(|_| Err(e.clone())).collect();
+        let start = Instant::now();
+        let mut live = match self.live.take() {
+            Some(l) => l,
+            None => match instantiate(&shared) {
+                Ok(l) => l,
+                Err((why, e)) => {
+                    count_failure(&shared, why);
+                    return fail_all(e);
+                }
+            },
+        };
+        let requests: Vec<host::wit::Request> = batch.iter().map(host::to_wit_request).collect();
+        live.output.clear();
+        if let Err(e) = arm(&mut live.store, &shared.limits) {
+            return fail_all(e);
+        }
+        let converted = Instant::now();
+        timing.input_ns = (converted - start).as_nanos() as u64;
+        let result = live
+            .bindings
+            .wisp_plugin_plugin()
+            .call_execute(&mut live.store, &requests);
+        let executed = Instant::now();
+        timing.infer_ns = (executed - converted).as_nanos() as u64;
+        let results = match result {
+            Ok(r) => r,
+            Err(e) => {
+                // A trapped instance cannot be entered again: drop it; the next batch gets a
+                // fresh one.
+                let (why, msg) = classify(&e, &shared.limits, &live.output);
+                count_failure(&shared, why);
+                tracing::warn!(model = %shared.name, reason = why.as_str(), "plugin {msg}; replacing the instance");
+                let kind = if why == Failure::Deadline {
+                    Error::unavailable
+                } else {
+                    Error::internal
+                };
+                return fail_all(kind(format!("plugin '{}' {msg}", shared.name)));
+            }
+        };
+        let out = if results.len() != batch.len() {
+            count_failure(&shared, Failure::BadOutput);
+            fail_all(Error::internal(format!(
+                "plugin '{}' returned {} results for a batch of {}",
+                shared.name,
+                results.len(),
+                batch.len()
+            )))
+        } else {
+            batch
+                .iter()
+                .zip(results)
+                .map(|(req, r)| match r {
+                    Ok(resp) => self.check_response(req, resp).map_err(|e| {
+                        count_failure(&shared, Failure::BadOutput);
+                        Error::internal(format!("plugin '{}' {}", shared.name, e.message()))
+                    }),
+                    Err(e) => Err(host::from_wit_error(e)),
+                })
+                .collect()
+        };
+        self.live = Some(live);
+        timing.output_ns = executed.elapsed().as_nanos() as u64;
+        out
+    }
+}

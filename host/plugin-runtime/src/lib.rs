@@ -1,0 +1,231 @@
+//! `wisp-plugin-runtime`: WebAssembly components served as models (`backend: "wasm"`).
+//!
+//! A plugin is a component of the `wisp:plugin/model` world (`wit/plugin.wit`): it exports
+//! `init` and `execute` and may call the server's other models through `wasi:nn`. This crate
+//! compiles each model version once (caching the precompiled artifact on disk, keyed by the
+//! wasmtime version, the engine settings and the component's sha256), links it once into an
+//! `InstancePre`, and gives every instance its own store and sandbox:
+//!
+//! - no filesystem, environment, network or clock unless the config grants them
+//!   (see [`limits`] for the `parameters` keys);
+//! - a memory cap (`StoreLimits`), a per-call deadline (epoch interruption, ticked by one
+//!   thread per engine) and optional fuel;
+//! - a trap, deadline or memory exhaustion fails only the requests of that call, is counted in
+//!   `wisp_plugin_failure_total{reason}`, and the instance is replaced (a trapped instance
+//!   cannot be entered again).
+//!
+//! wasi-nn calls reach other models through a [`ModelCaller`] the server provides.
+
+mod engine;
+mod host;
+mod instance;
+pub mod limits;
+mod nn;
+mod stdio;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{HasSelf, Linker};
+use wisp_core::backend::{Backend, Instance, LoadedModel};
+use wisp_core::config::{ModelConfig, ModelIo};
+use wisp_core::{Error, InferRequest, InferResponse, Result};
+
+pub use engine::{CompileSource, Engines};
+pub use instance::Failure;
+pub use limits::Limits;
+
+/// How plugins reach the server's models through wasi-nn.
+pub trait ModelCaller: Send + Sync {
+    /// Checks that `model` (at `version`, else its default version) is served and ready.
+    fn check(&self, model: &str, version: Option<&str>) -> Result<()>;
+    /// Runs `request` through `model`'s scheduler, waiting at most until `deadline`.
+    fn infer(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        request: InferRequest,
+        deadline: Instant,
+    ) -> Result<InferResponse>;
+}
+
+/// Plugin failures by (model, version, reason), for `wisp_plugin_failure_total`.
+#[derive(Debug, Default)]
+pub struct FailureCounts(Mutex<BTreeMap<(String, String, Failure), u64>>);
+
+impl FailureCounts {
+    /// Counts one failure.
+    pub fn add(&self, model: &str, version: &str, why: Failure) {
+        *self
+            .0
+            .lock()
+            .expect("failure counts lock")
+            .entry((model.to_string(), version.to_string(), why))
+            .or_default() += 1;
+    }
+
+    /// Every count so far: (model, version, reason, count).
+    pub fn snapshot(&self) -> Vec<(String, String, Failure, u64)> {
+        self.0
+            .lock()
+            .expect("failure counts lock")
+            .iter()
+            .map(|((m, v, r), n)| (m.clone(), v.clone(), *r, *n))
+            .collect()
+    }
+}
+
+/// Settings of the wasm backend.
+#[derive(Debug, Clone)]
+pub struct WasmOptions {
+    /// Where precompiled components are cached (`None`: compile on every load).
+    pub cache_dir: Option<PathBuf>,
+    /// Use wasmtime's pooling instance allocator.
+    pub pooling: bool,
+    /// Where failures are counted.
+    pub failures: Arc<FailureCounts>,
+}
+
+impl Default for WasmOptions {
+    fn default() -> Self {
+        WasmOptions {
+            cache_dir: None,
+            pooling: true,
+            failures: Arc::default(),
+        }
+    }
+}
+
+/// The `wasm` backend.
+pub struct WasmBackend {
+    engines: Arc<Engines>,
+    caller: Option<Arc<dyn ModelCaller>>,
+    failures: Arc<FailureCounts>,
+}
+
+/// How long loading one version took, by step (the benchmark reports these).
+#[derive(Debug, Clone, Copy)]
+pub struct LoadTimes {
+    /// Compiling, or loading from the cache.
+    pub compile: Duration,
+    /// Where the compiled code came from.
+    pub source: CompileSource,
+    /// Linking imports (`InstancePre`).
+    pub link: Duration,
+}
+
+impl WasmBackend {
+    /// A backend whose plugins call models through `caller` (none: wasi-nn `load-by-name`
+    /// reports `unsupported-operation`).
+    pub fn new(options: WasmOptions, caller: Option<Arc<dyn ModelCaller>>) -> Self {
+        WasmBackend {
+            engines: Engines::new(options.cache_dir, options.pooling),
+            caller,
+            failures: options.failures,
+        }
+    }
+
+    /// Loads a version and reports where the time went.
+    pub fn load_timed(
+        &self,
+        config: &ModelConfig,
+        model_file: &Path,
+    ) -> Result<(WasmModel, LoadTimes)> {
+        let name = &config.name;
+        let version = model_file
+            .parent()
+            .and_then(|p| p.file_name())
+            .and_then(|n| n.to_str())
+            .unwrap_or("")
+            .to_string();
+        let model_dir = model_file
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("."));
+        let limits = Limits::from_config(config, model_dir)?;
+        if config.input.is_empty() || config.output.is_empty() {
+            return Err(Error::invalid(format!(
+                "model '{name}': a wasm model declares its inputs and outputs in config.pbtxt"
+            )));
+        }
+        let wasm = std::fs::read(model_file).map_err(|e| {
+            Error::invalid(format!(
+                "model '{name}': cannot read {}: {e}",
+                model_file.display()
+            ))
+        })?;
+        let engine = self.engines.get(limits.fuel.is_some())?;
+        let t0 = Instant::now();
+        let (component, source) = self
+            .engines
+            .compile(engine, &wasm)
+            .map_err(|e| e.context(format!("model '{name}' ({})", model_file.display())))?;
+        let compile = t0.elapsed();
+        let t1 = Instant::now();
+        let mut linker: Linker<host::State> = Linker::new(engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| Error::internal(format!("cannot link WASI: {e:#}")))?;
+        host::Model::add_to_linker::<_, HasSelf<host::State>>(&mut linker, |s| s)
+            .map_err(|e| Error::internal(format!("cannot link wisp:plugin: {e:#}")))?;
+        let pre = linker.instantiate_pre(&component).map_err(|e| {
+            Error::invalid(format!(
+                "model '{name}': the component's imports cannot be satisfied (a plugin may import wasi:cli/io/clocks/filesystem/random 0.2, wasi:nn and wisp:plugin/logging): {e:#}"
+            ))
+        })?;
+        let pre = host::ModelPre::new(pre).map_err(|e| {
+            Error::invalid(format!(
+                "model '{name}': the component does not export wisp:plugin/plugin@0.1.0: {e:#}"
+            ))
+        })?;
+        let link = t1.elapsed();
+        tracing::info!(model = %name, version, ?source, compile_ms = compile.as_secs_f64() * 1e3, "wasm component ready");
+        let shared = instance::Shared {
+            name: name.as_str().into(),
+            version,
+            config: Arc::new(config.clone()),
+            limits,
+            pre,
+            caller: self.caller.clone(),
+            failures: self.failures.clone(),
+        };
+        Ok((
+            WasmModel {
+                shared: Arc::new(shared),
+            },
+            LoadTimes {
+                compile,
+                source,
+                link,
+            },
+        ))
+    }
+}
+
+impl Backend for WasmBackend {
+    fn describe(&self, _model_file: &Path) -> Result<ModelIo> {
+        Err(Error::unsupported(
+            "a wasm model declares its inputs and outputs in config.pbtxt",
+        ))
+    }
+
+    fn load(&self, config: &ModelConfig, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
+        Ok(Box::new(self.load_timed(config, model_file)?.0))
+    }
+}
+
+/// One loaded plugin version.
+pub struct WasmModel {
+    shared: Arc<instance::Shared>,
+}
+
+impl LoadedModel for WasmModel {
+    fn engine(&self) -> &str {
+        "wasmtime"
+    }
+
+    fn new_instance(&self, _index: usize) -> Result<Box<dyn Instance>> {
+        Ok(Box::new(instance::WasmInstance::new(self.shared.clone())?))
+    }
+}

@@ -1,0 +1,199 @@
+//! A plugin's sandbox: limits and grants, read from the model config's `parameters`.
+//!
+//! Everything is denied unless granted: no filesystem, no environment, no network (there is no
+//! key to grant it), and a frozen clock. The limits have safe defaults.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use wisp_core::config::ModelConfig;
+use wisp_core::{Error, Result};
+
+/// Per-instance linear-memory cap (`wasm.memory_limit_mb`, default 256).
+pub const MEMORY_LIMIT_KEY: &str = "wasm.memory_limit_mb";
+/// Per-`execute` deadline in milliseconds (`wasm.timeout_ms`, default 5000).
+pub const TIMEOUT_KEY: &str = "wasm.timeout_ms";
+/// Fuel (instructions, roughly) per `execute`; 0 or absent = unmetered (`wasm.fuel`).
+pub const FUEL_KEY: &str = "wasm.fuel";
+/// Comma-separated names of server environment variables the plugin may read (`wasm.allow_env`).
+pub const ENV_KEY: &str = "wasm.allow_env";
+/// `true` gives the plugin the real wall and monotonic clocks (`wasm.allow_clock`).
+pub const CLOCK_KEY: &str = "wasm.allow_clock";
+/// A directory, relative to the model directory, mounted read-only at `/data`
+/// (`wasm.allow_read_dir`).
+pub const READ_DIR_KEY: &str = "wasm.allow_read_dir";
+
+/// Where a granted directory appears inside the plugin.
+pub const GUEST_DATA_DIR: &str = "/data";
+
+/// The largest memory cap a model may ask for (the pooling allocator reserves this much address
+/// space per memory slot).
+pub const MAX_MEMORY_MB: u64 = 4096;
+
+/// A model's sandbox settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Linear-memory cap per instance, in bytes.
+    pub memory_bytes: usize,
+    /// Deadline for one `execute` (or `init`) call, host calls included.
+    pub timeout: Duration,
+    /// Fuel per call; `None` = unmetered.
+    pub fuel: Option<u64>,
+    /// Environment variables (name, value) copied in at instantiation.
+    pub env: Vec<(String, String)>,
+    /// Real clocks instead of a frozen one.
+    pub clock: bool,
+    /// Host directory mounted read-only at [`GUEST_DATA_DIR`].
+    pub read_dir: Option<PathBuf>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 256 << 20,
+            timeout: Duration::from_millis(5000),
+            fuel: None,
+            env: Vec::new(),
+            clock: false,
+            read_dir: None,
+        }
+    }
+}
+
+fn uint(cfg: &ModelConfig, key: &str) -> Result<Option<u64>> {
+    match cfg.parameter(key).map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
+            Error::invalid(format!(
+                "model '{}': parameters.{key} must be a non-negative integer, got '{v}'",
+                cfg.name
+            ))
+        }),
+    }
+}
+
+impl Limits {
+    /// Reads the `wasm.*` parameters of `cfg`; `model_dir` anchors `wasm.allow_read_dir`.
+    pub fn from_config(cfg: &ModelConfig, model_dir: &Path) -> Result<Self> {
+        let mut limits = Limits::default();
+        if let Some(mb) = uint(cfg, MEMORY_LIMIT_KEY)? {
+            if mb == 0 || mb > MAX_MEMORY_MB {
+                return Err(Error::invalid(format!(
+                    "model '{}': parameters.{MEMORY_LIMIT_KEY} must be between 1 and {MAX_MEMORY_MB}, got {mb}",
+                    cfg.name
+                )));
+            }
+            limits.memory_bytes = (mb as usize) << 20;
+        }
+        if let Some(ms) = uint(cfg, TIMEOUT_KEY)? {
+            if ms == 0 {
+                return Err(Error::invalid(format!(
+                    "model '{}': parameters.{TIMEOUT_KEY} must be at least 1",
+                    cfg.name
+                )));
+            }
+            limits.timeout = Duration::from_millis(ms);
+        }
+        limits.fuel = uint(cfg, FUEL_KEY)?.filter(|&f| f > 0);
+        if let Some(names) = cfg.parameter(ENV_KEY) {
+            for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                if let Ok(value) = std::env::var(name) {
+                    limits.env.push((name.to_string(), value));
+                }
+            }
+        }
+        limits.clock = match cfg.parameter(CLOCK_KEY).map(str::trim) {
+            None | Some("") | Some("false") => false,
+            Some("true") => true,
+            Some(v) => {
+                return Err(Error::invalid(format!(
+                    "model '{}': parameters.{CLOCK_KEY} must be true or false, got '{v}'",
+                    cfg.name
+                )))
+            }
+        };
+        if let Some(dir) = cfg.parameter(READ_DIR_KEY).filter(|d| !d.trim().is_empty()) {
+            let path = model_dir.join(dir.trim());
+            if !path.is_dir() {
+                return Err(Error::invalid(format!(
+                    "model '{}': parameters.{READ_DIR_KEY}: {} is not a directory",
+                    cfg.name,
+                    path.display()
+                )));
+            }
+            limits.read_dir = Some(path);
+        }
+        Ok(limits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wisp_core::config::ModelParameter;
+
+    fn cfg(params: &[(&str, &str)]) -> ModelConfig {
+        let mut c = ModelConfig {
+            name: "p".into(),
+            ..Default::default()
+        };
+        for (k, v) in params {
+            c.parameters.insert(
+                k.to_string(),
+                ModelParameter {
+                    string_value: v.to_string(),
+                },
+            );
+        }
+        c
+    }
+
+    #[test]
+    fn defaults_deny_everything() {
+        let l = Limits::from_config(&cfg(&[]), Path::new(".")).unwrap();
+        assert_eq!(l, Limits::default());
+        assert!(l.env.is_empty() && !l.clock && l.read_dir.is_none() && l.fuel.is_none());
+    }
+
+    #[test]
+    fn reads_grants_and_limits() {
+        std::env::set_var("WISP_LIMITS_TEST_VAR", "yes");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("assets")).unwrap();
+        let l = Limits::from_config(
+            &cfg(&[
+                (MEMORY_LIMIT_KEY, "16"),
+                (TIMEOUT_KEY, "250"),
+                (FUEL_KEY, "1000"),
+                (ENV_KEY, "WISP_LIMITS_TEST_VAR, WISP_LIMITS_UNSET_VAR"),
+                (CLOCK_KEY, "true"),
+                (READ_DIR_KEY, "assets"),
+            ]),
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(l.memory_bytes, 16 << 20);
+        assert_eq!(l.timeout, Duration::from_millis(250));
+        assert_eq!(l.fuel, Some(1000));
+        assert_eq!(
+            l.env,
+            vec![("WISP_LIMITS_TEST_VAR".to_string(), "yes".to_string())]
+        );
+        assert!(l.clock);
+        assert_eq!(l.read_dir, Some(dir.path().join("assets")));
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        for (k, v) in [
+            (MEMORY_LIMIT_KEY, "0"),
+            (MEMORY_LIMIT_KEY, "99999"),
+            (TIMEOUT_KEY, "soon"),
+            (CLOCK_KEY, "yes"),
+            (READ_DIR_KEY, "missing"),
+        ] {
+            let e = Limits::from_config(&cfg(&[(k, v)]), Path::new(".")).unwrap_err();
+            assert!(e.message().contains(k), "{k}={v}: {}", e.message());
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! `testkit`: an identity plugin that can also misbehave on purpose, for Wisp's own tests and
+//! benchmarks. Not an example to copy.
+//!
+//! Parameter `mode` (or a request parameter `mode`, which overrides it for one request):
+//! - `identity` (default): output `OUTPUT` = input `INPUT`, any datatype and shape;
+//! - `loop`: never returns (the host's deadline must stop it);
+//! - `bomb`: allocates until memory runs out (the host's memory cap must stop it);
+//! - `trap`: panics;
+//! - `bad_shape`: returns `OUTPUT` with one element too many;
+//! - `bad_type`: returns `OUTPUT` as BYTES;
+//! - `probe`: returns `OUTPUT` (BYTES, one element) describing what the sandbox let it see:
+//!   `fs=<listing of /data or error>;env=<NAME=VALUE,...>;clock=<unix seconds>`.
+//!
+//! `init` fails when the `fail_init` parameter is `true`.
+
+use wisp_sdk::{Error, ParamValue, Params, Plugin, Request, Response, Tensor};
+
+/// The plugin: its default mode.
+pub struct Testkit {
+    mode: String,
+}
+
+fn probe() -> String {
+    let fs = match std::fs::read_dir("/data") {
+        Ok(entries) => {
+            let mut names: Vec<String> = entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names.join(",")
+        }
+        Err(e) => format!("error({})", e.kind()),
+    };
+    let root = match std::fs::read_dir("/") {
+        Ok(entries) => entries.count().to_string(),
+        Err(e) => format!("error({})", e.kind()),
+    };
+    let env: Vec<String> = std::env::vars().map(|(k, v)| format!("{k}={v}")).collect();
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("fs={fs};root={root};env={};clock={clock}", env.join(","))
+}
+
+impl Plugin for Testkit {
+    fn init(params: &Params) -> Result<Self, Error> {
+        if params.parse_or("fail_init", false)? {
+            return Err(Error::invalid("testkit: init refused (fail_init = true)"));
+        }
+        Ok(Testkit {
+            mode: params.get("mode").unwrap_or("identity").to_string(),
+        })
+    }
+
+    fn execute(&mut self, request: &Request) -> Result<Response, Error> {
+        let mode = match request.param("mode") {
+            Some(ParamValue::Text(m)) => m.as_str(),
+            _ => self.mode.as_str(),
+        };
+        let input = request.input("INPUT")?;
+        let output = |datatype, shape: Vec<i64>, data: Vec<u8>| {
+            Ok(Response::new(vec![Tensor {
+                name: "OUTPUT".into(),
+                datatype,
+                shape,
+                data,
+            }]))
+        };
+        match mode {
+            "identity" => output(input.datatype, input.shape.clone(), input.data.clone()),
+            "loop" => {
+                let mut n: u64 = 0;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "bomb" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 16 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "trap" => panic!("testkit: deliberate panic"),
+            "bad_shape" => {
+                let mut shape = input.shape.clone();
+                if let Some(last) = shape.last_mut() {
+                    *last += 1;
+                }
+                let mut data = input.data.clone();
+                data.extend(std::iter::repeat_n(0, input.datatype.size().unwrap_or(4)));
+                output(input.datatype, shape, data)
+            }
+            "bad_type" => {
+                let n = input.element_count();
+                let t = Tensor::from_strings("OUTPUT", input.shape.clone(), vec!["x"; n]);
+                Ok(Response::new(vec![t]))
+            }
+            "probe" => {
+                let t = Tensor::from_strings("OUTPUT", vec![1], [probe()]);
+                Ok(Response::new(vec![t]))
+            }
+            other => Err(Error::invalid(format!("testkit: unknown mode '{other}'"))),
+        }
+    }
+}
+
+wisp_sdk::export_plugin!(Testkit);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_and_bad_shape() {
+        let mut p = Testkit::init(&Params::default()).unwrap();
+        let req = Request::new(vec![Tensor::from_i32("INPUT", vec![1, 2], &[3, 4])]);
+        let out = p.execute(&req).unwrap();
+        assert_eq!(out.output("OUTPUT").unwrap().to_i32().unwrap(), vec![3, 4]);
+        let mut bad = Testkit::init(&Params::from_pairs(&[("mode", "bad_shape")])).unwrap();
+        let t = bad.execute(&req).unwrap().outputs.remove(0);
+        assert_eq!(t.shape, vec![1, 3]);
+        assert!(t.check().is_ok());
+    }
+
+    #[test]
+    fn init_can_be_refused() {
+        let e = Testkit::init(&Params::from_pairs(&[("fail_init", "true")]))
+            .err()
+            .unwrap();
+        assert!(e.message.contains("fail_init"));
+    }
+}

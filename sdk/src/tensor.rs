@@ -1,0 +1,257 @@
+//! Building and reading tensors without `unsafe`: typed constructors, typed copies out, and
+//! helpers for BYTES (length-prefixed) elements.
+
+use crate::{Datatype, Error, Tensor};
+
+impl Datatype {
+    /// Bytes per element (`None` for variable-length `bytes`).
+    pub fn size(self) -> Option<usize> {
+        Some(match self {
+            Datatype::Bool | Datatype::Uint8 | Datatype::Int8 => 1,
+            Datatype::Uint16 | Datatype::Int16 | Datatype::Fp16 | Datatype::Bf16 => 2,
+            Datatype::Uint32 | Datatype::Int32 | Datatype::Fp32 => 4,
+            Datatype::Uint64 | Datatype::Int64 | Datatype::Fp64 => 8,
+            Datatype::Bytes => return None,
+        })
+    }
+
+    /// The KServe name (`"FP32"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Datatype::Bool => "BOOL",
+            Datatype::Uint8 => "UINT8",
+            Datatype::Uint16 => "UINT16",
+            Datatype::Uint32 => "UINT32",
+            Datatype::Uint64 => "UINT64",
+            Datatype::Int8 => "INT8",
+            Datatype::Int16 => "INT16",
+            Datatype::Int32 => "INT32",
+            Datatype::Int64 => "INT64",
+            Datatype::Fp16 => "FP16",
+            Datatype::Fp32 => "FP32",
+            Datatype::Fp64 => "FP64",
+            Datatype::Bf16 => "BF16",
+            Datatype::Bytes => "BYTES",
+        }
+    }
+}
+
+macro_rules! numeric {
+    ($($from:ident, $to:ident, $t:ty, $dt:ident;)*) => {
+        impl Tensor {
+            $(
+                #[doc = concat!("A `", stringify!($dt), "` tensor from `", stringify!($t), "` values in row-major order.")]
+                pub fn $from(name: impl Into<String>, shape: Vec<i64>, values: &[$t]) -> Tensor {
+                    let mut data = Vec::with_capacity(values.len() * std::mem::size_of::<$t>());
+                    for v in values {
+                        data.extend_from_slice(&v.to_le_bytes());
+                    }
+                    Tensor { name: name.into(), datatype: Datatype::$dt, shape, data }
+                }
+
+                #[doc = concat!("The elements as `", stringify!($t), "` (the tensor must be `", stringify!($dt), "`).")]
+                pub fn $to(&self) -> Result<Vec<$t>, Error> {
+                    self.expect(Datatype::$dt)?;
+                    const N: usize = std::mem::size_of::<$t>();
+                    Ok(self
+                        .data
+                        .chunks_exact(N)
+                        .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk of N bytes")))
+                        .collect())
+                }
+            )*
+        }
+    };
+}
+
+numeric! {
+    from_f32, to_f32, f32, Fp32;
+    from_f64, to_f64, f64, Fp64;
+    from_i8, to_i8, i8, Int8;
+    from_i16, to_i16, i16, Int16;
+    from_i32, to_i32, i32, Int32;
+    from_i64, to_i64, i64, Int64;
+    from_u16, to_u16, u16, Uint16;
+    from_u32, to_u32, u32, Uint32;
+    from_u64, to_u64, u64, Uint64;
+}
+
+impl Tensor {
+    /// A tensor from raw little-endian `data` (checked against `shape` and `datatype`).
+    pub fn new(
+        name: impl Into<String>,
+        datatype: Datatype,
+        shape: Vec<i64>,
+        data: Vec<u8>,
+    ) -> Result<Tensor, Error> {
+        let t = Tensor {
+            name: name.into(),
+            datatype,
+            shape,
+            data,
+        };
+        t.check()?;
+        Ok(t)
+    }
+
+    /// A `UINT8` tensor.
+    pub fn from_u8(name: impl Into<String>, shape: Vec<i64>, values: &[u8]) -> Tensor {
+        Tensor {
+            name: name.into(),
+            datatype: Datatype::Uint8,
+            shape,
+            data: values.to_vec(),
+        }
+    }
+
+    /// A `BOOL` tensor.
+    pub fn from_bool(name: impl Into<String>, shape: Vec<i64>, values: &[bool]) -> Tensor {
+        Tensor {
+            name: name.into(),
+            datatype: Datatype::Bool,
+            shape,
+            data: values.iter().map(|&b| b as u8).collect(),
+        }
+    }
+
+    /// A `BYTES` tensor: each element is stored as a 4-byte little-endian length and the bytes.
+    pub fn from_strings<I, B>(name: impl Into<String>, shape: Vec<i64>, elements: I) -> Tensor
+    where
+        I: IntoIterator<Item = B>,
+        B: AsRef<[u8]>,
+    {
+        let mut data = Vec::new();
+        for e in elements {
+            let e = e.as_ref();
+            data.extend_from_slice(&(e.len() as u32).to_le_bytes());
+            data.extend_from_slice(e);
+        }
+        Tensor {
+            name: name.into(),
+            datatype: Datatype::Bytes,
+            shape,
+            data,
+        }
+    }
+
+    /// The elements of a `UINT8` tensor.
+    pub fn to_u8(&self) -> Result<&[u8], Error> {
+        self.expect(Datatype::Uint8)?;
+        Ok(&self.data)
+    }
+
+    /// The elements of a `BOOL` tensor.
+    pub fn to_bool(&self) -> Result<Vec<bool>, Error> {
+        self.expect(Datatype::Bool)?;
+        Ok(self.data.iter().map(|&b| b != 0).collect())
+    }
+
+    /// The elements of a `BYTES` tensor (borrowed, no copy).
+    pub fn strings(&self) -> Result<Vec<&[u8]>, Error> {
+        if self.datatype != Datatype::Bytes {
+            return Err(self.wrong_type(Datatype::Bytes));
+        }
+        let mut out = Vec::new();
+        let mut rest = &self.data[..];
+        while !rest.is_empty() {
+            if rest.len() < 4 {
+                return Err(Error::invalid(format!(
+                    "tensor '{}': truncated BYTES element length",
+                    self.name
+                )));
+            }
+            let n = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+            rest = &rest[4..];
+            if rest.len() < n {
+                return Err(Error::invalid(format!(
+                    "tensor '{}': BYTES element of {n} bytes runs past the data",
+                    self.name
+                )));
+            }
+            out.push(&rest[..n]);
+            rest = &rest[n..];
+        }
+        Ok(out)
+    }
+
+    /// Number of elements the shape calls for.
+    pub fn element_count(&self) -> usize {
+        self.shape.iter().map(|&d| d.max(0) as usize).product()
+    }
+
+    /// Checks that the data holds exactly the elements the shape calls for.
+    pub fn check(&self) -> Result<(), Error> {
+        let count = self.element_count();
+        let ok = match self.datatype.size() {
+            Some(size) => self.data.len() == count * size,
+            None => self.strings()?.len() == count,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "tensor '{}': {} bytes of data do not fit {} shape {:?}",
+                self.name,
+                self.data.len(),
+                self.datatype.as_str(),
+                self.shape
+            )))
+        }
+    }
+
+    fn expect(&self, want: Datatype) -> Result<(), Error> {
+        if self.datatype != want {
+            return Err(self.wrong_type(want));
+        }
+        match want.size() {
+            Some(size) if self.data.len() % size != 0 => Err(Error::invalid(format!(
+                "tensor '{}': {} bytes is not a whole number of {} elements",
+                self.name,
+                self.data.len(),
+                want.as_str()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn wrong_type(&self, want: Datatype) -> Error {
+        Error::invalid(format!(
+            "tensor '{}' is {}, expected {}",
+            self.name,
+            self.datatype.as_str(),
+            want.as_str()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numeric_round_trips() {
+        let t = Tensor::from_f32("x", vec![3], &[1.0, -2.5, 3.25]);
+        assert_eq!(t.data.len(), 12);
+        assert_eq!(t.to_f32().unwrap(), vec![1.0, -2.5, 3.25]);
+        assert!(t.check().is_ok());
+        let e = t.to_i64().unwrap_err();
+        assert!(
+            e.message.contains("'x' is FP32, expected INT64"),
+            "{}",
+            e.message
+        );
+        let i = Tensor::from_i64("i", vec![2], &[-1, 1 << 40]);
+        assert_eq!(i.to_i64().unwrap(), vec![-1, 1 << 40]);
+    }
+
+    #[test]
+    fn bytes_elements() {
+        let t = Tensor::from_strings("s", vec![2], ["ab", ""]);
+        assert_eq!(t.data, vec![2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]);
+        assert_eq!(t.strings().unwrap(), vec![&b"ab"[..], &b""[..]]);
+        let bad = Tensor::new("b", Datatype::Bytes, vec![1], vec![9, 0, 0, 0, 1]).unwrap_err();
+        assert!(bad.message.contains("runs past"), "{}", bad.message);
+        let short = Tensor::new("f", Datatype::Fp32, vec![2], vec![0; 4]).unwrap_err();
+        assert!(short.message.contains("do not fit"), "{}", short.message);
+    }
+}

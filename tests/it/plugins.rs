@@ -1,0 +1,520 @@
+//! Wasm plugins served as models, with real compiled components from `plugins/`: the example
+//! plugins, a plugin calling an ONNX model through wasi-nn, hot replacement, misbehaving
+//! plugins (loop, memory bomb, panic, bad outputs, bad init) and the sandbox.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use wisp_server::settings::{ControlMode, OnnxEngine};
+use wisp_tests::{add_plugin_model, copy_dir, workspace_root, Client};
+
+use crate::common::start_with;
+
+fn testkit_config(extra: &str) -> String {
+    format!(
+        r#"backend: "wasm"
+max_batch_size: 4
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+{extra}"#
+    )
+}
+
+fn param(key: &str, value: &str) -> String {
+    format!("parameters {{ key: \"{key}\" value {{ string_value: \"{value}\" }} }}\n")
+}
+
+fn int_request(values: [i32; 2]) -> Value {
+    json!({"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 2], "data": values}]})
+}
+
+/// A binary-extension request carrying one encoded image in BYTES input `IMAGE` of shape
+/// `[1, 1]`.
+fn image_body(bytes: &[u8]) -> (Vec<u8>, usize) {
+    let mut data = (bytes.len() as u32).to_le_bytes().to_vec();
+    data.extend_from_slice(bytes);
+    wisp_tests::binary_request(&[("IMAGE", "BYTES", vec![1, 1], data)], false)
+}
+
+async fn infer_image(c: &mut Client, model: &str, bytes: &[u8]) -> wisp_tests::Reply {
+    let (body, header_len) = image_body(bytes);
+    c.send(
+        "POST",
+        &format!("/v2/models/{model}/infer"),
+        &[("inference-header-content-length", header_len.to_string())],
+        body,
+    )
+    .await
+    .unwrap()
+}
+
+fn solid_png(rgb: [u8; 3]) -> Vec<u8> {
+    plugin_imaging::encode_png(6, 4, |_, _| rgb)
+}
+
+async fn start_plugins(repo: &Path) -> wisp_server::Server {
+    start_with(repo, OnnxEngine::Tract, |s| s.no_wasm_cache = true).await
+}
+
+fn error_text(r: &wisp_tests::Reply) -> String {
+    r.json()["error"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_plugins_serve_as_models() {
+    let dir = tempfile::tempdir().unwrap();
+    add_plugin_model(
+        dir.path(),
+        "preprocess",
+        1,
+        "image-preprocess",
+        &format!(
+            r#"backend: "wasm"
+max_batch_size: 8
+input [ {{ name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "PIXELS" data_type: TYPE_FP32 dims: [ 3, 4, 4 ] }} ]
+dynamic_batching {{ }}
+{}{}{}{}"#,
+            param("width", "4"),
+            param("height", "4"),
+            param("mean", "0"),
+            param("std", "1")
+        ),
+    );
+    add_plugin_model(
+        dir.path(),
+        "postprocess",
+        1,
+        "classify-postprocess",
+        &format!(
+            r#"backend: "wasm"
+max_batch_size: 8
+input [ {{ name: "SCORES" data_type: TYPE_FP32 dims: [ 3 ] }} ]
+output [ {{ name: "CLASSES" data_type: TYPE_STRING dims: [ 2 ] }} ]
+{}{}"#,
+            param("top_k", "2"),
+            param("labels", "red,green,blue")
+        ),
+    );
+    let server = start_plugins(dir.path()).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+
+    let meta = c.get("/v2/models/preprocess").await.unwrap().json();
+    assert_eq!(meta["parameters"]["engine"], "wasmtime", "{meta}");
+
+    let r = infer_image(&mut c, "preprocess", &solid_png([255, 0, 0])).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let out = &r.json()["outputs"][0];
+    assert_eq!(out["name"], "PIXELS");
+    assert_eq!(out["shape"], json!([1, 3, 4, 4]));
+    let v: Vec<f64> = serde_json::from_value(out["data"].clone()).unwrap();
+    assert!(v[..16].iter().all(|&x| (x - 1.0).abs() < 1e-6), "{v:?}");
+    assert!(v[16..].iter().all(|&x| x.abs() < 1e-6), "{v:?}");
+
+    let r = infer_image(&mut c, "preprocess", b"definitely not a png").await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert!(error_text(&r).contains("image 0"), "{}", error_text(&r));
+
+    let r = c
+        .post_json(
+            "/v2/models/postprocess/infer",
+            &json!({"inputs": [{"name": "SCORES", "datatype": "FP32", "shape": [2, 3],
+                     "data": [0.1, 0.7, 0.2, 0.5, 0.2, 0.3]}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let out = &r.json()["outputs"][0];
+    assert_eq!(out["shape"], json!([2, 2]));
+    assert_eq!(
+        out["data"],
+        json!([
+            "0.700000:1:green",
+            "0.200000:2:blue",
+            "0.500000:0:red",
+            "0.300000:2:blue"
+        ])
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_calls_an_onnx_model_through_wasi_nn() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(
+        &workspace_root().join("tests/fixtures/vision/colors"),
+        &dir.path().join("colors"),
+    )
+    .unwrap();
+    add_plugin_model(
+        dir.path(),
+        "classify",
+        1,
+        "classify-image",
+        &format!(
+            r#"backend: "wasm"
+max_batch_size: 8
+input [ {{ name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "CLASSES" data_type: TYPE_STRING dims: [ 1 ] }} ]
+{}{}{}{}{}{}"#,
+            param("model", "colors"),
+            param("width", "4"),
+            param("height", "4"),
+            param("mean", "0"),
+            param("std", "1"),
+            param("labels", "red,green,blue")
+        ),
+    );
+    let server = start_plugins(dir.path()).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    for (rgb, label) in [
+        ([0, 0, 255], "blue"),
+        ([0, 200, 0], "green"),
+        ([250, 10, 10], "red"),
+    ] {
+        let r = infer_image(&mut c, "classify", &solid_png(rgb)).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let class = r.json()["outputs"][0]["data"][0]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(class.ends_with(&format!(":{label}")), "{rgb:?}: {class}");
+    }
+    // The wasi-nn calls went through the ONNX model's own scheduler and statistics.
+    let stats = c.get("/v2/models/colors/stats").await.unwrap().json();
+    assert_eq!(stats["model_stats"][0]["inference_count"], 3, "{stats}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasi_nn_errors_reach_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    add_plugin_model(
+        dir.path(),
+        "classify",
+        1,
+        "classify-image",
+        &format!(
+            r#"backend: "wasm"
+max_batch_size: 8
+input [ {{ name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "CLASSES" data_type: TYPE_STRING dims: [ 1 ] }} ]
+{}{}{}"#,
+            param("model", "missing_model"),
+            param("width", "4"),
+            param("height", "4")
+        ),
+    );
+    let server = start_plugins(dir.path()).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let r = infer_image(&mut c, "classify", &solid_png([1, 2, 3])).await;
+    assert_eq!(r.status, 404, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        error_text(&r).contains("missing_model"),
+        "{}",
+        error_text(&r)
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_replacement_of_a_plugin_version() {
+    let dir = tempfile::tempdir().unwrap();
+    add_plugin_model(dir.path(), "echo", 1, "testkit", &testkit_config(""));
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+        s.load_model = vec!["echo".into()];
+        s.no_wasm_cache = true;
+    })
+    .await;
+    let addr = server.http_addr();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let stop = stop.clone();
+        clients.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await.unwrap();
+            let (mut ok, mut last) = (0u32, 0u64);
+            let started = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst)
+                && ok < 100_000
+                && started.elapsed() < Duration::from_secs(60)
+            {
+                let r = c
+                    .post_json("/v2/models/echo/infer", &int_request([1, 2]))
+                    .await
+                    .unwrap();
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                let j = r.json();
+                assert_eq!(j["outputs"][0]["data"], json!([1, 2]));
+                let v: u64 = j["model_version"].as_str().unwrap().parse().unwrap();
+                assert!(v >= last, "version went back from {last} to {v}");
+                last = v;
+                ok += 1;
+            }
+            (ok, last)
+        }));
+    }
+    let mut c = Client::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for v in 2..=3u64 {
+        add_plugin_model(dir.path(), "echo", v, "testkit", &testkit_config(""));
+        let r = c
+            .send("POST", "/v2/repository/models/echo/load", &[], "{}")
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for h in clients {
+        let (ok, last) = h.await.unwrap();
+        assert!(ok > 0);
+        assert_eq!(last, 3);
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_plugins_fail_only_their_own_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path();
+    add_plugin_model(repo, "good", 1, "testkit", &testkit_config(""));
+    add_plugin_model(
+        repo,
+        "looping",
+        1,
+        "testkit",
+        &testkit_config(&(param("mode", "loop") + &param("wasm.timeout_ms", "300"))),
+    );
+    add_plugin_model(
+        repo,
+        "bomb",
+        1,
+        "testkit",
+        &testkit_config(&(param("mode", "bomb") + &param("wasm.memory_limit_mb", "64"))),
+    );
+    add_plugin_model(
+        repo,
+        "fuel",
+        1,
+        "testkit",
+        &testkit_config(&(param("mode", "loop") + &param("wasm.fuel", "1000000"))),
+    );
+    add_plugin_model(
+        repo,
+        "trapping",
+        1,
+        "testkit",
+        &testkit_config(&param("mode", "trap")),
+    );
+    add_plugin_model(
+        repo,
+        "bad_shape",
+        1,
+        "testkit",
+        &testkit_config(&param("mode", "bad_shape")),
+    );
+    add_plugin_model(
+        repo,
+        "bad_type",
+        1,
+        "testkit",
+        &testkit_config(&param("mode", "bad_type")),
+    );
+    add_plugin_model(
+        repo,
+        "bad_init",
+        1,
+        "testkit",
+        &testkit_config(&param("fail_init", "true")),
+    );
+    let server = start_plugins(repo).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+
+    // A broken init makes only that model unavailable, with the plugin's reason.
+    let idx = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .unwrap()
+        .json();
+    for row in idx.as_array().unwrap() {
+        if row["name"] == "bad_init" {
+            assert_eq!(row["state"], "UNAVAILABLE");
+            let reason = row["reason"].as_str().unwrap();
+            assert!(
+                reason.contains("init failed") && reason.contains("fail_init"),
+                "{reason}"
+            );
+        } else {
+            assert_eq!(row["state"], "READY", "{row}");
+        }
+    }
+
+    // While one plugin spins until its deadline, the others keep serving.
+    let addr = server.http_addr();
+    let spinning = tokio::spawn(async move {
+        let mut c = Client::connect(addr).await.unwrap();
+        let t = Instant::now();
+        let r = c
+            .post_json("/v2/models/looping/infer", &int_request([1, 2]))
+            .await
+            .unwrap();
+        (r, t.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..5 {
+        let r = c
+            .post_json("/v2/models/good/infer", &int_request([5, 6]))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    let (r, took) = spinning.await.unwrap();
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    let msg = error_text(&r);
+    assert!(
+        msg.contains("'looping'") && msg.contains("deadline of 300 ms"),
+        "{msg}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "deadline fired late: {took:?}"
+    );
+
+    let cases = [
+        ("bomb", 500, "memory limit of 64 MiB"),
+        ("fuel", 500, "ran out of fuel"),
+        ("trapping", 500, "deliberate panic"),
+        ("bad_shape", 500, "shape [1, 3]"),
+        ("bad_type", 500, "as BYTES, the config declares TYPE_INT32"),
+        ("bad_init", 503, "bad_init"),
+    ];
+    for (model, status, needle) in cases {
+        let r = c
+            .post_json(&format!("/v2/models/{model}/infer"), &int_request([1, 2]))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            status,
+            "{model}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let msg = error_text(&r);
+        assert!(msg.contains(needle), "{model}: {msg}");
+    }
+
+    // A trapped instance is replaced: the same model answers a well-behaved request.
+    let mut ok = int_request([7, 8]);
+    ok["parameters"] = json!({"mode": "identity"});
+    for model in ["trapping", "looping", "bomb"] {
+        let r = c
+            .post_json(&format!("/v2/models/{model}/infer"), &ok)
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "{model}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["outputs"][0]["data"], json!([7, 8]));
+    }
+
+    // Each failure is counted with its reason.
+    let mut m = Client::connect(server.metrics_addr().unwrap())
+        .await
+        .unwrap();
+    let text = String::from_utf8(m.get("/metrics").await.unwrap().body.to_vec()).unwrap();
+    for (model, reason) in [
+        ("looping", "deadline"),
+        ("bomb", "memory"),
+        ("fuel", "fuel"),
+        ("trapping", "trap"),
+        ("bad_shape", "bad_output"),
+        ("bad_type", "bad_output"),
+        ("bad_init", "init"),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| {
+                l.starts_with("wisp_plugin_failure_total{")
+                    && l.contains(&format!("model=\"{model}\""))
+                    && l.contains(&format!("reason=\"{reason}\""))
+            })
+            .unwrap_or_else(|| panic!("no {model}/{reason} failure in\n{text}"));
+        assert!(line.ends_with(" 1"), "{line}");
+    }
+    server.shutdown().await.unwrap();
+}
+
+fn probe_config(extra: &str) -> String {
+    format!(
+        r#"backend: "wasm"
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_STRING dims: [ 1 ] }} ]
+{}{extra}"#,
+        param("mode", "probe")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_grants_nothing_unless_configured() {
+    std::env::set_var("WISP_PLUGIN_TEST_SECRET", "hunter2");
+    let dir = tempfile::tempdir().unwrap();
+    add_plugin_model(dir.path(), "closed", 1, "testkit", &probe_config(""));
+    add_plugin_model(
+        dir.path(),
+        "open",
+        1,
+        "testkit",
+        &probe_config(
+            &(param("wasm.allow_env", "WISP_PLUGIN_TEST_SECRET")
+                + &param("wasm.allow_clock", "true")
+                + &param("wasm.allow_read_dir", "assets")),
+        ),
+    );
+    std::fs::create_dir(dir.path().join("open/assets")).unwrap();
+    std::fs::write(dir.path().join("open/assets/hello.txt"), "hi").unwrap();
+    let server = start_plugins(dir.path()).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let probe = |j: Value| j["outputs"][0]["data"][0].as_str().unwrap().to_string();
+    let closed = c
+        .post_json(
+            "/v2/models/closed/infer",
+            &json!({"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [2], "data": [0, 0]}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        closed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&closed.body)
+    );
+    let closed = probe(closed.json());
+    assert!(closed.starts_with("fs=error("), "{closed}");
+    assert!(closed.contains(";root=error("), "{closed}");
+    assert!(closed.contains(";env=;"), "{closed}");
+    assert!(closed.ends_with(";clock=0"), "{closed}");
+    assert!(!closed.contains("hunter2"));
+
+    let open = c
+        .post_json(
+            "/v2/models/open/infer",
+            &json!({"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [2], "data": [0, 0]}]}),
+        )
+        .await
+        .unwrap();
+    let open = probe(open.json());
+    assert!(open.starts_with("fs=hello.txt;"), "{open}");
+    assert!(
+        open.contains("env=WISP_PLUGIN_TEST_SECRET=hunter2;"),
+        "{open}"
+    );
+    let secs: u64 = open.rsplit("clock=").next().unwrap().parse().unwrap();
+    assert!(secs > 1_600_000_000, "{open}");
+    server.shutdown().await.unwrap();
+}
