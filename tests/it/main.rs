@@ -2,6 +2,7 @@
 //! One binary (`mod` lines below) so it links once.
 
 mod common;
+mod ensembles;
 mod http_api;
 mod management;
 mod models;

@@ -13,6 +13,7 @@
 //! to that request's callback (in request order with `preserve_ordering`). A panicking backend
 //! fails only the requests it was executing; the instance thread keeps serving.
 
+pub mod ensemble;
 mod policy;
 mod stats;
 

@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod ensemble;
 pub mod grpc;
 pub mod host_policy;
 pub mod http;
@@ -95,6 +96,7 @@ impl Server {
             Arc::new(plugins::Backends {
                 onnx: backend,
                 wasm,
+                ensemble: ensemble::EnsembleBackend::new(caller.clone()),
             }),
             opts,
         ));

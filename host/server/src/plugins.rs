@@ -13,12 +13,15 @@ use wisp_plugin_runtime::{ModelCaller, WasmBackend};
 
 use crate::registry::Registry;
 
-/// The server's backends: `backend: "wasm"` models go to wasmtime, the rest to ONNX.
+/// The server's backends: `backend: "wasm"` models go to wasmtime, `platform: "ensemble"` to
+/// the ensemble DAG, the rest to ONNX.
 pub struct Backends {
     /// ONNX models.
     pub onnx: OnnxBackend,
     /// Plugins.
     pub wasm: WasmBackend,
+    /// Ensembles.
+    pub ensemble: crate::ensemble::EnsembleBackend,
 }
 
 impl Backend for Backends {
@@ -33,6 +36,8 @@ impl Backend for Backends {
     fn load(&self, config: &ModelConfig, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
         if config.is_wasm() {
             self.wasm.load(config, model_file)
+        } else if config.is_ensemble() {
+            self.ensemble.load(config, model_file)
         } else {
             self.onnx.load(config, model_file)
         }
@@ -56,6 +61,26 @@ impl RegistryCaller {
             .get()
             .and_then(Weak::upgrade)
             .ok_or_else(|| Error::unavailable("the server is shutting down"))
+    }
+}
+
+impl RegistryCaller {
+    /// The config of a served, ready model.
+    pub fn config(&self, model: &str, version: Option<&str>) -> Result<Arc<ModelConfig>> {
+        Ok(self.registry()?.get(model, version)?.config.clone())
+    }
+
+    /// Queues `request` on `model` (validated against its config); `respond` gets the outcome.
+    pub fn submit(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        request: InferRequest,
+        respond: wisp_scheduler::Responder,
+    ) -> Result<()> {
+        let m = self.registry()?.get(model, version)?;
+        crate::http::codec::validate(&request, &[], &m.config)?;
+        m.submit(request, respond)
     }
 }
 

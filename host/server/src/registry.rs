@@ -53,6 +53,11 @@ impl ModelVersion {
         })?
     }
 
+    /// Queues one request; `respond` is called once with its outcome.
+    pub fn submit(&self, request: InferRequest, respond: wisp_scheduler::Responder) -> Result<()> {
+        self.scheduler.enqueue(request, respond)
+    }
+
     /// Runs one request through the scheduler from a thread that may block (a plugin's
     /// wasi-nn call), waiting at most until `deadline`.
     pub fn infer_blocking(
@@ -241,7 +246,11 @@ impl Registry {
                     .collect()
             }
         };
-        let queue = Mutex::new(wanted);
+        // Ensembles load after the models they compose (and after each other, in passes,
+        // for ensembles of ensembles).
+        let (mut ensembles, models): (Vec<ModelDir>, Vec<ModelDir>) =
+            wanted.into_iter().partition(is_ensemble_dir);
+        let queue = Mutex::new(models);
         std::thread::scope(|s| {
             for _ in 0..self.opts.threads.max(1) {
                 s.spawn(|| loop {
@@ -252,6 +261,13 @@ impl Registry {
                 });
             }
         });
+        while !ensembles.is_empty() {
+            let before = ensembles.len();
+            ensembles.retain(|dir| self.load_dir(dir, None).is_err());
+            if ensembles.len() == before {
+                break;
+            }
+        }
         Ok(())
     }
 
@@ -833,6 +849,14 @@ fn prepare_config_from(
     Ok(cfg)
 }
 
+/// Whether a model directory holds an ensemble (judged from its config text).
+fn is_ensemble_dir(dir: &ModelDir) -> bool {
+    std::fs::read_to_string(dir.path.join("config.pbtxt"))
+        .ok()
+        .and_then(|text| config::parse_pbtxt(&dir.name, &text).ok())
+        .is_some_and(|c| c.is_ensemble())
+}
+
 /// The model file of `version`.
 pub fn model_file(model_dir: &Path, version: u64, cfg: &ModelConfig) -> std::path::PathBuf {
     model_dir
@@ -851,7 +875,7 @@ fn load_version(
 ) -> Result<ModelVersion> {
     let start = Instant::now();
     let file = model_file(&dir.path, version, cfg);
-    if !file.is_file() {
+    if !cfg.is_ensemble() && !file.is_file() {
         return Err(Error::not_found(format!(
             "model file {} not found",
             file.display()

@@ -21,6 +21,8 @@ pub struct ClassifyImage {
     top_k: usize,
     softmax: bool,
     labels: Vec<String>,
+    input: String,
+    output: String,
     model: Option<nn::Model>,
 }
 
@@ -44,12 +46,14 @@ impl Plugin for ClassifyImage {
                 .get("labels")
                 .map(|l| l.split(',').map(|s| s.trim().to_string()).collect())
                 .unwrap_or_default(),
+            input: params.get("input").unwrap_or("IMAGE").to_string(),
+            output: params.get("output").unwrap_or("CLASSES").to_string(),
             model: None,
         })
     }
 
     fn execute(&mut self, request: &Request) -> Result<Response, Error> {
-        let input = request.input("IMAGE")?;
+        let input = request.input(&self.input)?;
         let images = input.strings()?;
         let mut pixels = Vec::new();
         for (i, bytes) in images.iter().enumerate() {
@@ -103,7 +107,9 @@ impl Plugin for ClassifyImage {
         };
         out_shape.push(k as i64);
         Ok(Response::new(vec![Tensor::from_strings(
-            "CLASSES", out_shape, out,
+            self.output.clone(),
+            out_shape,
+            out,
         )]))
     }
 }

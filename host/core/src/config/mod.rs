@@ -25,6 +25,11 @@ use crate::error::Error;
 pub const ONNX_PLATFORM: &str = "onnxruntime_onnx";
 /// The backend name Triton uses for ONNX models.
 pub const ONNX_BACKEND: &str = "onnxruntime";
+/// The platform name of ensembles.
+pub const ENSEMBLE_PLATFORM: &str = "ensemble";
+/// Default instance count of an ensemble: batches of requests going through the pipeline at
+/// once (its instances mostly wait on the composing models' schedulers).
+pub const ENSEMBLE_DEFAULT_INSTANCES: i32 = 16;
 /// The backend name of WebAssembly plugin models.
 pub const WASM_BACKEND: &str = "wasm";
 /// Default `max_batch_size` given to models that can batch but do not say (Triton's
@@ -314,6 +319,11 @@ impl ModelConfig {
         self.backend == WASM_BACKEND
     }
 
+    /// An ensemble (`platform: "ensemble"`).
+    pub fn is_ensemble(&self) -> bool {
+        self.platform == ENSEMBLE_PLATFORM
+    }
+
     /// The model has an implicit batch dimension.
     pub fn batches(&self) -> bool {
         self.max_batch_size > 0
@@ -326,7 +336,12 @@ impl ModelConfig {
 
     /// Top-level Triton fields that are set but that Wisp does not act on.
     pub fn unsupported_fields(&self) -> Vec<String> {
-        let mut out: Vec<String> = self.other.keys().cloned().collect();
+        let mut out: Vec<String> = self
+            .other
+            .keys()
+            .filter(|k| !(self.is_ensemble() && *k == "ensemble_scheduling"))
+            .cloned()
+            .collect();
         for (i, input) in self.input.iter().enumerate() {
             out.extend(input.other.keys().map(|k| format!("input[{i}].{k}")));
         }
@@ -518,6 +533,7 @@ pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
     }
     let name = cfg.name.clone();
     let onnx = cfg.is_onnx();
+    let ensemble = cfg.is_ensemble();
     for (i, g) in cfg.instance_group.iter_mut().enumerate() {
         if g.name.is_empty() {
             g.name = if i == 0 {
@@ -531,7 +547,13 @@ pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
         }
         if g.count == 0 {
             // Triton's default: two CPU instances for ONNX Runtime models, one otherwise.
-            g.count = if onnx { 2 } else { 1 };
+            g.count = if onnx {
+                2
+            } else if ensemble {
+                ENSEMBLE_DEFAULT_INSTANCES
+            } else {
+                1
+            };
         }
     }
     for input in &mut cfg.input {
@@ -556,12 +578,19 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
         );
     }
     let wasm = cfg.is_wasm() && cfg.platform.is_empty();
-    if !(cfg.is_onnx() || wasm) {
+    let ensemble = cfg.is_ensemble() && cfg.backend.is_empty();
+    if ensemble && !cfg.other.contains_key("ensemble_scheduling") {
+        err(
+            "ensemble_scheduling".into(),
+            "an ensemble needs ensemble_scheduling { step [ ... ] }".into(),
+        );
+    }
+    if !(cfg.is_onnx() || wasm || ensemble) {
         let what = if cfg.platform.is_empty() && cfg.backend.is_empty() {
             "neither platform nor backend is set and no <version>/model.onnx or model.wasm was found".to_string()
         } else {
             format!(
-                "unsupported platform '{}' / backend '{}', expected platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\" or \"{WASM_BACKEND}\"",
+                "unsupported platform '{}' / backend '{}', expected platform \"{ONNX_PLATFORM}\" or \"{ENSEMBLE_PLATFORM}\", or backend \"{ONNX_BACKEND}\" or \"{WASM_BACKEND}\"",
                 cfg.platform, cfg.backend
             )
         };

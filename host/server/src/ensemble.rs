@@ -1,0 +1,298 @@
+//! `platform: "ensemble"`: Triton's `ensemble_scheduling` run as an event-driven DAG.
+//!
+//! An ensemble is a model like any other (its own queue, statistics and metrics); its
+//! instances drive [`wisp_scheduler::ensemble::Run`]s: every request of a batch starts at
+//! once, each ready step goes to its composing model's scheduler (so it batches with the
+//! other requests and with outside traffic), and a completion releases the steps waiting on
+//! it. An instance thread only waits; [`ENSEMBLE_DEFAULT_INSTANCES`] of them let that many
+//! batches be in the pipeline at once.
+//!
+//! [`ENSEMBLE_DEFAULT_INSTANCES`]: wisp_core::config::ENSEMBLE_DEFAULT_INSTANCES
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::{mpsc, Arc};
+
+use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
+use wisp_core::config::{ModelConfig, ModelIo};
+use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
+use wisp_scheduler::ensemble::{steps_from_json, Plan, Progress, Run, Step};
+
+use crate::plugins::RegistryCaller;
+
+/// Loads ensembles (their composing models must already be loaded).
+pub struct EnsembleBackend {
+    caller: Arc<RegistryCaller>,
+}
+
+impl EnsembleBackend {
+    /// Ensembles whose steps reach models through `caller`.
+    pub fn new(caller: Arc<RegistryCaller>) -> Self {
+        EnsembleBackend { caller }
+    }
+}
+
+/// A tensor's datatype and dims (without the batch dim) as a config declares them.
+#[derive(Clone)]
+struct Spec {
+    datatype: String,
+    dims: Vec<i64>,
+    from: String,
+}
+
+fn dims_compatible(a: &[i64], b: &[i64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| x < 0 || y < 0 || x == y)
+}
+
+/// Checks every mapping against the composing models' configs; returns every problem.
+fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Result<()> {
+    let mut errs = Vec::new();
+    let mut known: HashMap<String, Spec> = cfg
+        .input
+        .iter()
+        .map(|i| {
+            (
+                i.name.clone(),
+                Spec {
+                    datatype: i.data_type.clone(),
+                    dims: i.dims.clone(),
+                    from: format!("ensemble input '{}'", i.name),
+                },
+            )
+        })
+        .collect();
+    let mut configs = Vec::new();
+    for (n, s) in steps.iter().enumerate() {
+        let version = s.version.map(|v| v.to_string());
+        match caller.config(&s.model, version.as_deref()) {
+            Ok(c) => {
+                if cfg.max_batch_size > 0 && c.max_batch_size < cfg.max_batch_size {
+                    errs.push(format!(
+                        "{}: the ensemble's max_batch_size is {} but the model's is {}",
+                        s.label(n),
+                        cfg.max_batch_size,
+                        c.max_batch_size
+                    ));
+                }
+                for (out, tensor) in &s.outputs {
+                    match c.output.iter().find(|o| &o.name == out) {
+                        Some(o) => {
+                            known.insert(
+                                tensor.clone(),
+                                Spec {
+                                    datatype: o.data_type.clone(),
+                                    dims: o.dims.clone(),
+                                    from: format!("{} output '{out}'", s.label(n)),
+                                },
+                            );
+                        }
+                        None => errs.push(format!(
+                            "{}: the model has no output '{out}' (outputs: {})",
+                            s.label(n),
+                            c.output
+                                .iter()
+                                .map(|o| o.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
+                    }
+                }
+                configs.push(Some(c));
+            }
+            Err(e) => {
+                errs.push(format!("{}: {}", s.label(n), e.message()));
+                configs.push(None);
+            }
+        }
+    }
+    for (n, (s, c)) in steps.iter().zip(&configs).enumerate() {
+        let Some(c) = c else { continue };
+        for (input, tensor) in &s.inputs {
+            let Some(i) = c.input.iter().find(|i| &i.name == input) else {
+                errs.push(format!(
+                    "{}: the model has no input '{input}' (inputs: {})",
+                    s.label(n),
+                    c.input
+                        .iter()
+                        .map(|i| i.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                continue;
+            };
+            let Some(spec) = known.get(tensor) else {
+                continue;
+            };
+            if spec.datatype != i.data_type {
+                errs.push(format!(
+                    "{}: input '{input}' is {} but '{tensor}' ({}) is {}",
+                    s.label(n),
+                    i.data_type,
+                    spec.from,
+                    spec.datatype
+                ));
+            } else if !dims_compatible(&spec.dims, &i.dims) {
+                errs.push(format!(
+                    "{}: input '{input}' has dims {:?} but '{tensor}' ({}) has {:?}",
+                    s.label(n),
+                    i.dims,
+                    spec.from,
+                    spec.dims
+                ));
+            }
+        }
+    }
+    for o in &cfg.output {
+        if let Some(spec) = known.get(&o.name) {
+            if spec.datatype != o.data_type {
+                errs.push(format!(
+                    "ensemble output '{}' is {} but {} is {}",
+                    o.name, o.data_type, spec.from, spec.datatype
+                ));
+            } else if !dims_compatible(&spec.dims, &o.dims) {
+                errs.push(format!(
+                    "ensemble output '{}' has dims {:?} but {} has {:?}",
+                    o.name, o.dims, spec.from, spec.dims
+                ));
+            }
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "ensemble '{}': {}",
+            cfg.name,
+            errs.join("; ")
+        )))
+    }
+}
+
+impl Backend for EnsembleBackend {
+    fn describe(&self, _model_file: &Path) -> Result<ModelIo> {
+        Err(Error::unsupported(
+            "an ensemble declares its inputs and outputs in config.pbtxt",
+        ))
+    }
+
+    fn load(&self, config: &ModelConfig, _model_file: &Path) -> Result<Box<dyn LoadedModel>> {
+        let scheduling = config
+            .other
+            .get("ensemble_scheduling")
+            .ok_or_else(|| Error::invalid("an ensemble needs ensemble_scheduling"))?;
+        let steps = steps_from_json(scheduling)
+            .map_err(|e| e.context(format!("ensemble '{}'", config.name)))?;
+        let inputs: Vec<String> = config.input.iter().map(|i| i.name.clone()).collect();
+        let outputs: Vec<String> = config.output.iter().map(|o| o.name.clone()).collect();
+        let plan = Plan::new(&config.name, &inputs, &outputs, steps)?;
+        check_types(config, plan.steps(), &self.caller)?;
+        for (i, o) in config.output.iter().enumerate() {
+            if DataType::from_config_name(&o.data_type).is_none() {
+                return Err(Error::invalid(format!(
+                    "ensemble '{}': output[{i}] '{}' has no valid data_type",
+                    config.name, o.name
+                )));
+            }
+        }
+        Ok(Box::new(EnsembleModel {
+            plan: Arc::new(plan),
+            caller: self.caller.clone(),
+        }))
+    }
+}
+
+struct EnsembleModel {
+    plan: Arc<Plan>,
+    caller: Arc<RegistryCaller>,
+}
+
+impl LoadedModel for EnsembleModel {
+    fn engine(&self) -> &str {
+        "ensemble"
+    }
+
+    fn new_instance(&self, _index: usize) -> Result<Box<dyn Instance>> {
+        Ok(Box::new(EnsembleInstance {
+            plan: self.plan.clone(),
+            caller: self.caller.clone(),
+        }))
+    }
+}
+
+struct EnsembleInstance {
+    plan: Arc<Plan>,
+    caller: Arc<RegistryCaller>,
+}
+
+type Completion = (usize, usize, Result<InferResponse>);
+
+impl Instance for EnsembleInstance {
+    fn execute(
+        &mut self,
+        batch: &[InferRequest],
+        _timing: &mut ExecTiming,
+    ) -> Vec<Result<InferResponse>> {
+        let (tx, rx) = mpsc::channel::<Completion>();
+        let mut runs: Vec<Run> = Vec::with_capacity(batch.len());
+        let mut results: Vec<Option<Result<InferResponse>>> = vec![None; batch.len()];
+        // Completions known without waiting (a step that could not even be queued).
+        let mut immediate: VecDeque<Completion> = VecDeque::new();
+        let mut open = batch.len();
+        let handle = |i: usize,
+                      progress: Progress,
+                      results: &mut Vec<Option<Result<InferResponse>>>,
+                      immediate: &mut VecDeque<Completion>,
+                      open: &mut usize| match progress {
+            Progress::Done(r) => {
+                if results[i].is_none() {
+                    results[i] = Some(r);
+                    *open -= 1;
+                }
+            }
+            Progress::Continue(calls) => {
+                for call in calls {
+                    let step = &self.plan.steps()[call.step];
+                    let version = step.version.map(|v| v.to_string());
+                    let tx = tx.clone();
+                    let n = call.step;
+                    if let Err(e) = self.caller.submit(
+                        &step.model,
+                        version.as_deref(),
+                        call.request,
+                        Box::new(move |r| {
+                            let _ = tx.send((i, n, r));
+                        }),
+                    ) {
+                        immediate.push_back((i, n, Err(e)));
+                    }
+                }
+            }
+        };
+        for (i, req) in batch.iter().enumerate() {
+            let (run, progress) = Run::start(self.plan.clone(), req.clone());
+            runs.push(run);
+            handle(i, progress, &mut results, &mut immediate, &mut open);
+        }
+        while open > 0 {
+            let (i, step, r) = match immediate.pop_front() {
+                Some(c) => c,
+                None => match rx.recv() {
+                    Ok(c) => c,
+                    Err(_) => break,
+                },
+            };
+            let progress = runs[i].complete(step, r);
+            handle(i, progress, &mut results, &mut immediate, &mut open);
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(Error::internal(
+                        "a composing model dropped a request without answering",
+                    ))
+                })
+            })
+            .collect()
+    }
+}

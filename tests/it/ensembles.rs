@@ -1,0 +1,288 @@
+//! Ensembles (`platform: "ensemble"`) end to end with real plugins and an ONNX model:
+//! image → image-preprocess (wasm) → colors (ONNX) → classify-postprocess (wasm), checked
+//! against its BLS twin (one wasm plugin calling the model through wasi-nn); load-time
+//! validation; a composing model going away.
+
+use std::path::Path;
+
+use serde_json::Value;
+use wisp_server::settings::{ControlMode, OnnxEngine};
+use wisp_tests::{add_plugin_model, copy_dir, workspace_root, Client, Reply};
+
+use crate::common::start_with;
+
+fn param(key: &str, value: &str) -> String {
+    format!("parameters {{ key: \"{key}\" value {{ string_value: \"{value}\" }} }}\n")
+}
+
+const PRE: [(&str, &str); 4] = [("width", "4"), ("height", "4"), ("mean", "0"), ("std", "1")];
+
+fn pre_params() -> String {
+    PRE.iter().map(|(k, v)| param(k, v)).collect()
+}
+
+fn pipeline_config(colors_input: &str, scores_dims: &str) -> String {
+    format!(
+        r#"platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "CLASSES" data_type: TYPE_STRING dims: [ 1 ] }} ]
+ensemble_scheduling {{
+  step [
+    {{ model_name: "preprocess" model_version: -1
+       input_map {{ key: "IMAGE" value: "IMAGE" }} output_map {{ key: "PIXELS" value: "pixels" }} }},
+    {{ model_name: "colors" model_version: -1
+       input_map {{ key: "{colors_input}" value: "pixels" }} output_map {{ key: "probs" value: "probs" }} }},
+    {{ model_name: "postprocess_{scores_dims}" model_version: -1
+       input_map {{ key: "SCORES" value: "probs" }} output_map {{ key: "CLASSES" value: "CLASSES" }} }}
+  ]
+}}
+"#
+    )
+}
+
+/// The colour-classification pipeline three ways: steps, ensemble, BLS twin.
+fn vision_repo(repo: &Path) {
+    copy_dir(
+        &workspace_root().join("tests/fixtures/vision/colors"),
+        &repo.join("colors"),
+    )
+    .unwrap();
+    add_plugin_model(
+        repo,
+        "preprocess",
+        1,
+        "image-preprocess",
+        &format!(
+            r#"backend: "wasm"
+max_batch_size: 8
+input [ {{ name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "PIXELS" data_type: TYPE_FP32 dims: [ 3, 4, 4 ] }} ]
+dynamic_batching {{ }}
+{}"#,
+            pre_params()
+        ),
+    );
+    for classes in [3, 5] {
+        add_plugin_model(
+            repo,
+            &format!("postprocess_{classes}"),
+            1,
+            "classify-postprocess",
+            &format!(
+                r#"backend: "wasm"
+max_batch_size: 8
+input [ {{ name: "SCORES" data_type: TYPE_FP32 dims: [ {classes} ] }} ]
+output [ {{ name: "CLASSES" data_type: TYPE_STRING dims: [ 1 ] }} ]
+{}"#,
+                param("labels", "red,green,blue")
+            ),
+        );
+    }
+    add_plugin_model(
+        repo,
+        "bls",
+        1,
+        "classify-image",
+        &format!(
+            r#"backend: "wasm"
+max_batch_size: 8
+input [ {{ name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "CLASSES" data_type: TYPE_STRING dims: [ 1 ] }} ]
+{}{}{}"#,
+            pre_params(),
+            param("model", "colors"),
+            param("labels", "red,green,blue")
+        ),
+    );
+    let ensemble = |name: &str, config: String| {
+        std::fs::create_dir_all(repo.join(name).join("1")).unwrap();
+        std::fs::write(repo.join(name).join("config.pbtxt"), config).unwrap();
+    };
+    ensemble("pipeline", pipeline_config("x", "3"));
+    // Broken twins: a step input the model does not have, and a dims mismatch.
+    ensemble("bad_input", pipeline_config("pixels_in", "3"));
+    ensemble("bad_dims", pipeline_config("x", "5"));
+}
+
+async fn classify(c: &mut Client, model: &str, rgb: [u8; 3]) -> Reply {
+    let png = plugin_imaging::encode_png(5, 3, |_, _| rgb);
+    let mut data = (png.len() as u32).to_le_bytes().to_vec();
+    data.extend_from_slice(&png);
+    let (body, n) = wisp_tests::binary_request(&[("IMAGE", "BYTES", vec![1, 1], data)], false);
+    c.send(
+        "POST",
+        &format!("/v2/models/{model}/infer"),
+        &[("inference-header-content-length", n.to_string())],
+        body,
+    )
+    .await
+    .unwrap()
+}
+
+fn class_of(r: &Reply) -> String {
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()["outputs"][0]["data"][0]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn index_row(idx: &Value, name: &str) -> Value {
+    idx.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} not in {idx}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensemble_pipeline_matches_its_bls_twin_and_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    vision_repo(dir.path());
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.no_wasm_cache = true;
+        s.model_control_mode = ControlMode::Explicit;
+        s.load_model = vec!["*".into()];
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+
+    for (rgb, label) in [
+        ([0, 0, 255], "blue"),
+        ([0, 220, 10], "green"),
+        ([240, 5, 5], "red"),
+    ] {
+        let ens = class_of(&classify(&mut c, "pipeline", rgb).await);
+        let bls = class_of(&classify(&mut c, "bls", rgb).await);
+        assert!(ens.ends_with(&format!(":{label}")), "{rgb:?}: {ens}");
+        assert_eq!(ens, bls, "ensemble and BLS twin disagree on {rgb:?}");
+    }
+
+    // Every step went through its own model's scheduler and statistics.
+    for model in ["pipeline", "preprocess", "postprocess_3"] {
+        let stats = c
+            .get(&format!("/v2/models/{model}/stats"))
+            .await
+            .unwrap()
+            .json();
+        assert_eq!(
+            stats["model_stats"][0]["inference_count"], 3,
+            "{model}: {stats}"
+        );
+    }
+    let stats = c.get("/v2/models/colors/stats").await.unwrap().json();
+    assert_eq!(
+        stats["model_stats"][0]["inference_count"], 6,
+        "ensemble + BLS: {stats}"
+    );
+
+    // A step's error fails the request, naming the step, with the step's status.
+    let bad = {
+        let mut data = 4u32.to_le_bytes().to_vec();
+        data.extend_from_slice(b"junk");
+        let (body, n) = wisp_tests::binary_request(&[("IMAGE", "BYTES", vec![1, 1], data)], false);
+        c.send(
+            "POST",
+            "/v2/models/pipeline/infer",
+            &[("inference-header-content-length", n.to_string())],
+            body,
+        )
+        .await
+        .unwrap()
+    };
+    assert_eq!(bad.status, 400, "{}", String::from_utf8_lossy(&bad.body));
+    let msg = bad.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("ensemble 'pipeline' step 0 ('preprocess')"),
+        "{msg}"
+    );
+
+    // Load-time validation names the step and the problem.
+    let idx = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .unwrap()
+        .json();
+    let row = index_row(&idx, "bad_input");
+    assert_eq!(row["state"], "UNAVAILABLE");
+    let reason = row["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("step 1 ('colors'): the model has no input 'pixels_in'"),
+        "{reason}"
+    );
+    let row = index_row(&idx, "bad_dims");
+    let reason = row["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("step 2 ('postprocess_5'): input 'SCORES' has dims [5]"),
+        "{reason}"
+    );
+
+    // A composing model going away makes the ensemble's requests fail clearly.
+    let r = c
+        .send("POST", "/v2/repository/models/colors/unload", &[], "{}")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let r = classify(&mut c, "pipeline", [0, 0, 255]).await;
+    let msg = r.json()["error"].as_str().unwrap_or_default().to_string();
+    assert!(r.status >= 400, "{msg}");
+    assert!(msg.contains("step 1 ('colors')"), "{msg}");
+    server.shutdown().await.unwrap();
+}
+
+/// The README's demo pipeline on the real PP-OCR direction classifier: an upright and a
+/// rotated text line through the `text_direction` ensemble and its BLS twin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_direction_demo_reads_upright_and_rotated_text() {
+    let repo = workspace_root().join("model_repo");
+    for f in [
+        "ppocr_cls/1/model.onnx",
+        "ppocr_preprocess/1/model.wasm",
+        "ppocr_postprocess/1/model.wasm",
+        "text_direction_bls/1/model.wasm",
+    ] {
+        assert!(
+            repo.join(f).is_file(),
+            "model_repo/{f} is missing: run `./dev test` (it fetches the model and installs the plugins)"
+        );
+    }
+    let server = start_with(&repo, OnnxEngine::Tract, |s| s.no_wasm_cache = true).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    assert_eq!(c.get("/v2/health/ready").await.unwrap().status, 200);
+    let images = workspace_root().join("tests/fixtures/images");
+    for (file, want) in [("text_upright.png", "0"), ("text_rotated.png", "180")] {
+        let png = std::fs::read(images.join(file)).unwrap();
+        let mut answers = Vec::new();
+        for model in ["text_direction", "text_direction_bls"] {
+            let mut data = (png.len() as u32).to_le_bytes().to_vec();
+            data.extend_from_slice(&png);
+            let (body, n) =
+                wisp_tests::binary_request(&[("IMAGE", "BYTES", vec![1, 1], data)], false);
+            let r = c
+                .send(
+                    "POST",
+                    &format!("/v2/models/{model}/infer"),
+                    &[("inference-header-content-length", n.to_string())],
+                    body,
+                )
+                .await
+                .unwrap();
+            let answer = class_of(&r);
+            let (score, label) = answer.split_once(':').unwrap();
+            let label = label.rsplit(':').next().unwrap();
+            assert_eq!(label, want, "{model} on {file}: {answer}");
+            assert!(
+                score.parse::<f32>().unwrap() > 0.5,
+                "{model} on {file}: {answer}"
+            );
+            answers.push(answer);
+        }
+        assert_eq!(
+            answers[0], answers[1],
+            "ensemble and BLS twin disagree on {file}"
+        );
+    }
+    server.shutdown().await.unwrap();
+}
