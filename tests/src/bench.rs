@@ -15,6 +15,8 @@
 //!   HTTP at concurrency 1 and 8; (b) `image-preprocess` on a 224×224 image as a wasm instance
 //!   vs the same Rust function called natively; (c) plugin compile times cold and from the
 //!   on-disk cache, and instantiate (+ `init`) time.
+//! - `pipelines`: the `text_direction` ensemble and its BLS twin vs each of their steps alone
+//!   and vs doing pre/post-processing in the client, at concurrency 1, 8, 32 (real image).
 //!
 //! Every loop is bounded by time and count; traffic is loopback only.
 
@@ -775,6 +777,204 @@ output [ { name: "PIXELS" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
     Ok(())
 }
 
+async fn client_side_once(
+    c: &mut Client,
+    png: &[u8],
+    opts: &plugin_imaging::Options,
+) -> anyhow::Result<()> {
+    let px = plugin_imaging::preprocess(png, opts).map_err(|e| anyhow!(e.message))?;
+    let data: Vec<u8> = px.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (body, n) = binary_request(&[("x", "FP32", vec![1, 3, 48, 192], data)], true);
+    let r = c
+        .send(
+            "POST",
+            "/v2/models/ppocr_cls/infer",
+            &[("inference-header-content-length", n.to_string())],
+            body,
+        )
+        .await?;
+    anyhow::ensure!(r.status == 200, "HTTP {}", r.status);
+    let n: usize = r.headers["inference-header-content-length"]
+        .to_str()?
+        .parse()?;
+    let scores: Vec<f32> = r.body[n..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    std::hint::black_box(plugin_imaging::top_k(&scores, 1));
+    Ok(())
+}
+
+/// Pre-processing in the client (the same Rust function the plugin runs), then `ppocr_cls`
+/// over HTTP, then top-1 in the client: what a client does without server-side pipelines.
+async fn client_side(
+    addr: std::net::SocketAddr,
+    png: Arc<Vec<u8>>,
+    conc: usize,
+    secs: f64,
+    cap: usize,
+) -> anyhow::Result<Stats> {
+    let opts = Arc::new(plugin_imaging::Options {
+        width: 192,
+        height: 48,
+        fit: plugin_imaging::Fit::PadRight,
+        bgr: true,
+        mean: [0.5; 3],
+        std: [0.5; 3],
+        ..Default::default()
+    });
+    let per_task_cap = cap.div_ceil(conc);
+    let mut tasks = Vec::new();
+    for _ in 0..conc {
+        let (png, opts) = (png.clone(), opts.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await?;
+            let warm = Instant::now();
+            while warm.elapsed().as_secs_f64() < secs / 4.0 {
+                client_side_once(&mut c, &png, &opts).await?;
+            }
+            let mut lat = Vec::new();
+            let start = Instant::now();
+            while start.elapsed().as_secs_f64() < secs && lat.len() < per_task_cap {
+                let t = Instant::now();
+                client_side_once(&mut c, &png, &opts).await?;
+                lat.push(t.elapsed());
+            }
+            Ok::<_, anyhow::Error>((lat, start.elapsed()))
+        }));
+    }
+    let mut all = Vec::new();
+    let mut wall = Duration::ZERO;
+    for t in tasks {
+        let (lat, w) = t.await??;
+        all.extend(lat);
+        wall = wall.max(w);
+    }
+    Ok(stats(all, wall))
+}
+
+fn pipelines_suite(
+    args: &Args,
+    rt: &tokio::runtime::Runtime,
+    engine: OnnxEngine,
+) -> anyhow::Result<()> {
+    let root = workspace_root();
+    let repo = root.join("model_repo");
+    anyhow::ensure!(
+        repo.join("text_direction_bls/1/model.wasm").is_file(),
+        "model_repo plugins missing: run ./dev bench (it builds and installs them)"
+    );
+    let png = std::fs::read(root.join("tests/fixtures/images/text_upright.png"))?;
+    let mut image = (png.len() as u32).to_le_bytes().to_vec();
+    image.extend_from_slice(&png);
+    let opts = plugin_imaging::Options {
+        width: 192,
+        height: 48,
+        fit: plugin_imaging::Fit::PadRight,
+        bgr: true,
+        mean: [0.5; 3],
+        std: [0.5; 3],
+        ..Default::default()
+    };
+    let pixels: Vec<u8> = plugin_imaging::preprocess(&png, &opts)
+        .map_err(|e| anyhow!(e.message))?
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let scores: Vec<u8> = [0.9f32, 0.1].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let model = |name: &'static str, input| Model {
+        name,
+        repo: repo.clone(),
+        input: vec![input],
+    };
+    let rows = [
+        (
+            "step: ppocr_preprocess (wasm)",
+            model(
+                "ppocr_preprocess",
+                ("IMAGE", "BYTES", vec![1, 1], image.clone()),
+            ),
+        ),
+        (
+            "step: ppocr_cls (ONNX)",
+            model("ppocr_cls", ("x", "FP32", vec![1, 3, 48, 192], pixels)),
+        ),
+        (
+            "step: ppocr_postprocess (wasm)",
+            model("ppocr_postprocess", ("SCORES", "FP32", vec![1, 2], scores)),
+        ),
+        (
+            "pipeline: text_direction (ensemble)",
+            model(
+                "text_direction",
+                ("IMAGE", "BYTES", vec![1, 1], image.clone()),
+            ),
+        ),
+        (
+            "pipeline: text_direction_bls (wasm + wasi-nn)",
+            model("text_direction_bls", ("IMAGE", "BYTES", vec![1, 1], image)),
+        ),
+    ];
+    println!(
+        "## pipelines: text direction of a real text-line PNG ({} bytes), HTTP binary\n",
+        png.len()
+    );
+    println!("| what | concurrency | req/s | p50 µs | p99 µs |");
+    println!("|---|---|---|---|---|");
+    let server = start_server(rt, &repo, engine)?;
+    let addr = server.http_addr();
+    let mut summary = Vec::new();
+    for c in [1usize, 8, 32] {
+        let mut slowest = f64::INFINITY;
+        let mut pipes = Vec::new();
+        for (what, m) in &rows {
+            let s = rt.block_on(over_http(addr, m, c, args.seconds, args.max_requests))?;
+            println!(
+                "| {what} | {c} | {:.0} | {:.0} | {:.0} |",
+                s.rps,
+                us(s.p50),
+                us(s.p99)
+            );
+            if what.starts_with("step") {
+                slowest = slowest.min(s.rps);
+            } else {
+                pipes.push((*what, s.rps));
+            }
+        }
+        let cs = rt.block_on(client_side(
+            addr,
+            Arc::new(png.clone()),
+            c,
+            args.seconds,
+            args.max_requests,
+        ))?;
+        println!(
+            "| client-side pre/post + ppocr_cls | {c} | {:.0} | {:.0} | {:.0} |",
+            cs.rps,
+            us(cs.p50),
+            us(cs.p99)
+        );
+        for (what, rps) in pipes {
+            summary.push(format!(
+                "| {what} | {c} | {:.0} | {:.0} | {:.2} |",
+                rps,
+                slowest,
+                rps / slowest
+            ));
+        }
+    }
+    rt.block_on(server.shutdown())?;
+    println!(
+        "\n| pipeline | concurrency | req/s | slowest step alone req/s | pipeline/slowest step |"
+    );
+    println!("|---|---|---|---|---|");
+    for line in summary {
+        println!("{line}");
+    }
+    println!();
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let (engine, choice) = match args.engine.as_str() {
@@ -800,8 +1000,11 @@ fn main() -> anyhow::Result<()> {
             "grpc" => grpc_suite(&args, &rt, engine)?,
             "swap" => swap_suite(&args, &rt, engine)?,
             "plugins" => plugins_suite(&args, &rt, &backend, engine)?,
+            "pipelines" => pipelines_suite(&args, &rt, engine)?,
             other => {
-                anyhow::bail!("unknown suite '{other}' (http, batching, grpc, swap, plugins)")
+                anyhow::bail!(
+                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines)"
+                )
             }
         }
     }
