@@ -5,6 +5,10 @@ large is committed). Idempotent: a model already in place is left alone.
 - model_repo/ppocr_cls/1/model.onnx: PP-OCR text-direction classifier
   `ch_ppocr_mobile_v2.0_cls_infer.onnx` from the PyPI wheel rapidocr_onnxruntime==1.4.4
   (Apache-2.0).
+- model_repo/magika/1/model.onnx: Google's Magika content-type model `standard_v3_3` from the
+  PyPI wheel magika==1.0.3 (Apache-2.0), with its config (feature layout, thresholds) and the
+  content-types knowledge base in model_repo/magika_labels/data/, which the label-mapping
+  plugin reads (granted read-only).
 """
 import glob
 import os
@@ -22,6 +26,21 @@ MODELS = [
         "rapidocr_onnxruntime==1.4.4",
         "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
         "model_repo/ppocr_cls/1/model.onnx",
+    ),
+    (
+        "magika==1.0.3",
+        "magika/models/standard_v3_3/model.onnx",
+        "model_repo/magika/1/model.onnx",
+    ),
+    (
+        "magika==1.0.3",
+        "magika/models/standard_v3_3/config.min.json",
+        "model_repo/magika_labels/data/config.min.json",
+    ),
+    (
+        "magika==1.0.3",
+        "magika/config/content_types_kb.min.json",
+        "model_repo/magika_labels/data/content_types_kb.min.json",
     ),
 ]
 

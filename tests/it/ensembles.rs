@@ -286,3 +286,131 @@ async fn text_direction_demo_reads_upright_and_rotated_text() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// Sample files of known types, written for the content-type test.
+fn sample_files(dir: &Path) -> Vec<(String, &'static str)> {
+    let files: Vec<(&str, Vec<u8>, &'static str)> = vec![
+        (
+            "main.py",
+            b"import os\nimport sys\n\n\ndef main():\n    for name in sorted(os.listdir(\".\")):\n        print(name, os.path.getsize(name))\n\n\nif __name__ == \"__main__\":\n    main()\n".to_vec(),
+            "python",
+        ),
+        (
+            "models.json",
+            b"{\n  \"name\": \"wisp\",\n  \"version\": 1,\n  \"models\": [{\"id\": \"ppocr_cls\", \"ready\": true}, {\"id\": \"magika\", \"ready\": false}]\n}\n".to_vec(),
+            "json",
+        ),
+        (
+            "index.html",
+            b"<!DOCTYPE html>\n<html>\n<head><title>Wisp</title></head>\n<body>\n<h1>Hello</h1>\n<p>An inference server.</p>\n</body>\n</html>\n".to_vec(),
+            "html",
+        ),
+        (
+            "args.c",
+            b"#include <stdio.h>\n\nint main(int argc, char **argv) {\n    for (int i = 0; i < argc; i++) {\n        printf(\"%s\\n\", argv[i]);\n    }\n    return 0;\n}\n".to_vec(),
+            "c",
+        ),
+        (
+            "count.sh",
+            b"#!/bin/sh\nset -e\nfor f in *.txt; do\n  echo \"$f\"\n  wc -l \"$f\"\ndone\n".to_vec(),
+            "shell",
+        ),
+        (
+            "line.png",
+            std::fs::read(workspace_root().join("tests/fixtures/images/text_upright.png")).unwrap(),
+            "png",
+        ),
+        (
+            "photo.jpg",
+            plugin_imaging::encode_jpeg(64, 48, 85, |x, y| [(x * 4) as u8, (y * 5) as u8, 128]),
+            "jpeg",
+        ),
+        ("empty.bin", Vec::new(), "empty"),
+        ("tiny.txt", b"hi".to_vec(), "txt"),
+    ];
+    files
+        .into_iter()
+        .map(|(name, data, want)| {
+            std::fs::write(dir.join(name), data).unwrap();
+            (name.to_string(), want)
+        })
+        .collect()
+}
+
+/// The README's content-type pipeline on Google's Magika model gives the same labels as the
+/// reference `magika` Python package on the same files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_type_demo_matches_the_magika_package() {
+    let repo = workspace_root().join("model_repo");
+    for f in [
+        "magika/1/model.onnx",
+        "magika_labels/data/config.min.json",
+        "magika_features/1/model.wasm",
+        "magika_labels/1/model.wasm",
+    ] {
+        assert!(
+            repo.join(f).is_file(),
+            "model_repo/{f} is missing: run `./dev test` (it fetches the model and installs the plugins)"
+        );
+    }
+    let python = std::env::var("WISP_PYTHON")
+        .expect("WISP_PYTHON is not set: run the tests with `./dev test` (it installs magika)");
+    let samples = tempfile::tempdir().unwrap();
+    let files = sample_files(samples.path());
+    let out = std::process::Command::new(&python)
+        .arg("-c")
+        .arg(
+            "import json, sys\nfrom magika import Magika\nm = Magika()\n\
+             print(json.dumps({p: str(m.identify_path(p).output.label) for p in sys.argv[1:]}))",
+        )
+        .args(files.iter().map(|(n, _)| samples.path().join(n)))
+        .output()
+        .expect("run the magika reference");
+    assert!(
+        out.status.success(),
+        "magika reference failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reference: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    let server = start_with(&repo, OnnxEngine::Tract, |s| s.no_wasm_cache = true).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    for (name, known) in &files {
+        let bytes = std::fs::read(samples.path().join(name)).unwrap();
+        let mut data = (bytes.len() as u32).to_le_bytes().to_vec();
+        data.extend_from_slice(&bytes);
+        let (body, n) =
+            wisp_tests::binary_request(&[("CONTENT", "BYTES", vec![1, 1], data)], false);
+        let r = c
+            .send(
+                "POST",
+                "/v2/models/content_type/infer",
+                &[("inference-header-content-length", n.to_string())],
+                body,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "{name}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let j = r.json();
+        let label = j["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["name"] == "LABEL")
+            .unwrap()["data"][0]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let want = reference[samples.path().join(name).to_str().unwrap()]
+            .as_str()
+            .unwrap();
+        assert_eq!(label, want, "{name}: wisp vs the magika package");
+        assert_eq!(label, *known, "{name}");
+    }
+    server.shutdown().await.unwrap();
+}
