@@ -229,6 +229,22 @@ async fn ensemble_pipeline_matches_its_bls_twin_and_validates() {
     let msg = r.json()["error"].as_str().unwrap_or_default().to_string();
     assert!(r.status >= 400, "{msg}");
     assert!(msg.contains("step 1 ('colors')"), "{msg}");
+    // ... and the ensemble reports not-ready until the model is back.
+    assert_eq!(
+        c.get("/v2/models/pipeline/ready").await.unwrap().status,
+        503
+    );
+    let r = c
+        .send("POST", "/v2/repository/models/colors/load", &[], "{}")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        c.get("/v2/models/pipeline/ready").await.unwrap().status,
+        200
+    );
+    let back = class_of(&classify(&mut c, "pipeline", [0, 0, 255]).await);
+    assert!(back.ends_with(":blue"), "{back}");
     server.shutdown().await.unwrap();
 }
 

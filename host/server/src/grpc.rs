@@ -259,7 +259,7 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = r.into_inner();
         let version = (!r.version.is_empty()).then_some(r.version.as_str());
-        match self.app.registry.get(&r.name, version) {
+        match self.app.registry.check_ready(&r.name, version) {
             Ok(_) => Ok(Response::new(pb::ModelReadyResponse { ready: true })),
             Err(e) if e.kind() == ErrorKind::NotFound => Err(status(e)),
             Err(_) => Ok(Response::new(pb::ModelReadyResponse { ready: false })),

@@ -634,6 +634,38 @@ impl Registry {
         }
     }
 
+    /// Whether `name` (at `version`) can answer now: it is ready and, for an ensemble, so is
+    /// every model its steps use (recursively). The error says which one is not.
+    pub fn check_ready(&self, name: &str, version: Option<&str>) -> Result<()> {
+        self.check_ready_depth(name, version, 0)
+    }
+
+    fn check_ready_depth(&self, name: &str, version: Option<&str>, depth: usize) -> Result<()> {
+        let m = self.get(name, version)?;
+        if !m.config.is_ensemble() || depth > 16 {
+            return Ok(());
+        }
+        let steps = m
+            .config
+            .other
+            .get("ensemble_scheduling")
+            .map(wisp_scheduler::ensemble::steps_from_json)
+            .transpose()?
+            .unwrap_or_default();
+        for (i, step) in steps.iter().enumerate() {
+            let v = step.version.map(|v| v.to_string());
+            self.check_ready_depth(&step.model, v.as_deref(), depth + 1)
+                .map_err(|e| {
+                    Error::unavailable(format!(
+                        "ensemble '{name}' {} is not ready: {}",
+                        step.label(i),
+                        e.message()
+                    ))
+                })?;
+        }
+        Ok(())
+    }
+
     /// Stops every scheduler after draining (blocking).
     pub fn shutdown(&self) {
         for entry in self.models().values() {

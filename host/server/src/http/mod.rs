@@ -144,7 +144,7 @@ fn server_ready(app: &AppState) -> Response {
 }
 
 fn model_ready(app: &AppState, model: &str, version: Option<&str>) -> Response {
-    match app.registry.get(model, version) {
+    match app.registry.check_ready(model, version) {
         Ok(_) => StatusCode::OK.into_response(),
         Err(e) if e.kind() == wisp_core::ErrorKind::NotFound => ApiError(e).into_response(),
         Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
