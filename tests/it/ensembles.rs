@@ -11,9 +11,7 @@ use wisp_tests::{add_plugin_model, copy_dir, workspace_root, Client, Reply};
 
 use crate::common::start_with;
 
-fn param(key: &str, value: &str) -> String {
-    format!("parameters {{ key: \"{key}\" value {{ string_value: \"{value}\" }} }}\n")
-}
+use wisp_tests::config_param as param;
 
 const PRE: [(&str, &str); 4] = [("width", "4"), ("height", "4"), ("mean", "0"), ("std", "1")];
 
@@ -107,17 +105,9 @@ output [ {{ name: "CLASSES" data_type: TYPE_STRING dims: [ 1 ] }} ]
 
 async fn classify(c: &mut Client, model: &str, rgb: [u8; 3]) -> Reply {
     let png = plugin_imaging::encode_png(5, 3, |_, _| rgb);
-    let mut data = (png.len() as u32).to_le_bytes().to_vec();
-    data.extend_from_slice(&png);
-    let (body, n) = wisp_tests::binary_request(&[("IMAGE", "BYTES", vec![1, 1], data)], false);
-    c.send(
-        "POST",
-        &format!("/v2/models/{model}/infer"),
-        &[("inference-header-content-length", n.to_string())],
-        body,
-    )
-    .await
-    .unwrap()
+    wisp_tests::infer_one_bytes(c, model, "IMAGE", &png)
+        .await
+        .unwrap()
 }
 
 fn class_of(r: &Reply) -> String {
@@ -179,19 +169,9 @@ async fn ensemble_pipeline_matches_its_bls_twin_and_validates() {
     );
 
     // A step's error fails the request, naming the step, with the step's status.
-    let bad = {
-        let mut data = 4u32.to_le_bytes().to_vec();
-        data.extend_from_slice(b"junk");
-        let (body, n) = wisp_tests::binary_request(&[("IMAGE", "BYTES", vec![1, 1], data)], false);
-        c.send(
-            "POST",
-            "/v2/models/pipeline/infer",
-            &[("inference-header-content-length", n.to_string())],
-            body,
-        )
+    let bad = wisp_tests::infer_one_bytes(&mut c, "pipeline", "IMAGE", b"junk")
         .await
-        .unwrap()
-    };
+        .unwrap();
     assert_eq!(bad.status, 400, "{}", String::from_utf8_lossy(&bad.body));
     let msg = bad.json()["error"].as_str().unwrap().to_string();
     assert!(
@@ -272,17 +252,7 @@ async fn text_direction_demo_reads_upright_and_rotated_text() {
         let png = std::fs::read(images.join(file)).unwrap();
         let mut answers = Vec::new();
         for model in ["text_direction", "text_direction_bls"] {
-            let mut data = (png.len() as u32).to_le_bytes().to_vec();
-            data.extend_from_slice(&png);
-            let (body, n) =
-                wisp_tests::binary_request(&[("IMAGE", "BYTES", vec![1, 1], data)], false);
-            let r = c
-                .send(
-                    "POST",
-                    &format!("/v2/models/{model}/infer"),
-                    &[("inference-header-content-length", n.to_string())],
-                    body,
-                )
+            let r = wisp_tests::infer_one_bytes(&mut c, model, "IMAGE", &png)
                 .await
                 .unwrap();
             let answer = class_of(&r);
@@ -393,17 +363,7 @@ async fn content_type_demo_matches_the_magika_package() {
     let mut c = Client::connect(server.http_addr()).await.unwrap();
     for (name, known) in &files {
         let bytes = std::fs::read(samples.path().join(name)).unwrap();
-        let mut data = (bytes.len() as u32).to_le_bytes().to_vec();
-        data.extend_from_slice(&bytes);
-        let (body, n) =
-            wisp_tests::binary_request(&[("CONTENT", "BYTES", vec![1, 1], data)], false);
-        let r = c
-            .send(
-                "POST",
-                "/v2/models/content_type/infer",
-                &[("inference-header-content-length", n.to_string())],
-                body,
-            )
+        let r = wisp_tests::infer_one_bytes(&mut c, "content_type", "CONTENT", &bytes)
             .await
             .unwrap();
         assert_eq!(

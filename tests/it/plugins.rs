@@ -21,32 +21,16 @@ output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
     )
 }
 
-fn param(key: &str, value: &str) -> String {
-    format!("parameters {{ key: \"{key}\" value {{ string_value: \"{value}\" }} }}\n")
-}
+use wisp_tests::config_param as param;
 
 fn int_request(values: [i32; 2]) -> Value {
     json!({"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 2], "data": values}]})
 }
 
-/// A binary-extension request carrying one encoded image in BYTES input `IMAGE` of shape
-/// `[1, 1]`.
-fn image_body(bytes: &[u8]) -> (Vec<u8>, usize) {
-    let mut data = (bytes.len() as u32).to_le_bytes().to_vec();
-    data.extend_from_slice(bytes);
-    wisp_tests::binary_request(&[("IMAGE", "BYTES", vec![1, 1], data)], false)
-}
-
 async fn infer_image(c: &mut Client, model: &str, bytes: &[u8]) -> wisp_tests::Reply {
-    let (body, header_len) = image_body(bytes);
-    c.send(
-        "POST",
-        &format!("/v2/models/{model}/infer"),
-        &[("inference-header-content-length", header_len.to_string())],
-        body,
-    )
-    .await
-    .unwrap()
+    wisp_tests::infer_one_bytes(c, model, "IMAGE", bytes)
+        .await
+        .unwrap()
 }
 
 fn solid_png(rgb: [u8; 3]) -> Vec<u8> {

@@ -15,8 +15,9 @@
 //!   HTTP at concurrency 1 and 8; (b) `image-preprocess` on a 224×224 image as a wasm instance
 //!   vs the same Rust function called natively; (c) plugin compile times cold and from the
 //!   on-disk cache, and instantiate (+ `init`) time.
-//! - `pipelines`: the `text_direction` ensemble and its BLS twin vs each of their steps alone
-//!   and vs doing pre/post-processing in the client, at concurrency 1, 8, 32 (real image).
+//! - `pipelines`: the `text_direction` ensemble and its BLS twin, and the `content_type`
+//!   ensemble, each vs each of its steps alone (and text direction vs doing pre/post-processing
+//!   in the client), at concurrency 1, 8, 32, on a real image and a real file.
 //!
 //! Every loop is bounded by time and count; traffic is loopback only.
 
@@ -681,36 +682,53 @@ output [ { name: "PIXELS" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
         ("JPEG q90", plugin_imaging::encode_jpeg(224, 224, 90, photo)),
         ("PNG", plugin_imaging::encode_png(224, 224, photo)),
     ];
+    // Native and wasm calls alternate in one loop, so both see the same machine load.
     let wasm_backend = WasmBackend::new(WasmOptions::default(), None);
+    let dir = ModelDir {
+        name: "preprocess".into(),
+        path: repo.path().join("preprocess"),
+    };
+    let cfg = prepare_config(&dir, backend, true).map_err(|e| anyhow!("{e}"))?;
+    let loaded = wasm_backend
+        .load(&cfg, &model_file(&dir.path, 1, &cfg))
+        .map_err(|e| anyhow!("{e}"))?;
+    let mut inst = loaded.new_instance(0).map_err(|e| anyhow!("{e}"))?;
     let opts = plugin_imaging::Options::default();
     for (kind, bytes) in &images {
-        let mut lat = Vec::new();
-        let warm = Instant::now();
-        while warm.elapsed().as_secs_f64() < args.seconds / 4.0 {
-            std::hint::black_box(
-                plugin_imaging::preprocess(bytes, &opts).map_err(|e| anyhow!(e.message))?,
-            );
-        }
-        let start = Instant::now();
-        while start.elapsed().as_secs_f64() < args.seconds && lat.len() < args.max_requests {
-            let t = Instant::now();
-            std::hint::black_box(
-                plugin_imaging::preprocess(bytes, &opts).map_err(|e| anyhow!(e.message))?,
-            );
-            lat.push(t.elapsed());
-        }
-        let native = stats(lat, start.elapsed());
         let mut data = (bytes.len() as u32).to_le_bytes().to_vec();
         data.extend_from_slice(bytes);
-        let w = in_process(
-            &wasm_backend,
-            "preprocess",
-            repo.path(),
-            &[("IMAGE", "BYTES", vec![1, 1], data)],
-            1,
-            args.seconds,
-            args.max_requests,
-        )?;
+        let batch = [InferRequest {
+            inputs: vec![
+                Tensor::new("IMAGE", DataType::Bytes, vec![1, 1], data.into())
+                    .map_err(|e| anyhow!("{e}"))?,
+            ],
+            ..Default::default()
+        }];
+        let mut one = |native: bool| -> anyhow::Result<Duration> {
+            let t = Instant::now();
+            if native {
+                std::hint::black_box(
+                    plugin_imaging::preprocess(bytes, &opts).map_err(|e| anyhow!(e.message))?,
+                );
+            } else {
+                for r in inst.execute(&batch, &mut Default::default()) {
+                    r.map_err(|e| anyhow!("{e}"))?;
+                }
+            }
+            Ok(t.elapsed())
+        };
+        let warm = Instant::now();
+        while warm.elapsed().as_secs_f64() < args.seconds / 4.0 {
+            one(true)?;
+            one(false)?;
+        }
+        let (mut nat, mut wasm) = (Vec::new(), Vec::new());
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < 2.0 * args.seconds && nat.len() < args.max_requests {
+            nat.push(one(true)?);
+            wasm.push(one(false)?);
+        }
+        let (native, w) = (stats(nat, start.elapsed()), stats(wasm, start.elapsed()));
         println!(
             "| {kind} | {} | {:.0} | {:.0} | {:.0} | {:.2} |",
             bytes.len(),
@@ -853,6 +871,43 @@ async fn client_side(
     Ok(stats(all, wall))
 }
 
+/// One pipeline of the demo repository: its steps alone and its pipeline forms.
+struct PipelineBench {
+    title: String,
+    steps: Vec<(String, Model)>,
+    pipelines: Vec<(String, Model)>,
+    /// Also measure pre/post-processing in the client (text direction only).
+    client_side: Option<Arc<Vec<u8>>>,
+}
+
+/// Runs `model` once over HTTP with JSON outputs and returns output `name` as raw LE bytes.
+fn output_bytes(
+    rt: &tokio::runtime::Runtime,
+    addr: std::net::SocketAddr,
+    m: &Model,
+    name: &str,
+    to_bytes: fn(&serde_json::Value) -> Vec<u8>,
+) -> anyhow::Result<Vec<u8>> {
+    let (body, n) = binary_request(&m.input, false);
+    let r = rt.block_on(async {
+        let mut c = Client::connect(addr).await?;
+        c.send(
+            "POST",
+            &format!("/v2/models/{}/infer", m.name),
+            &[("inference-header-content-length", n.to_string())],
+            body,
+        )
+        .await
+    })?;
+    anyhow::ensure!(r.status == 200, "{}: HTTP {}", m.name, r.status);
+    let j = r.json();
+    let out = j["outputs"]
+        .as_array()
+        .and_then(|o| o.iter().find(|o| o["name"] == name))
+        .ok_or_else(|| anyhow!("{} has no output {name}", m.name))?;
+    Ok(to_bytes(&out["data"]))
+}
+
 fn pipelines_suite(
     args: &Args,
     rt: &tokio::runtime::Runtime,
@@ -861,12 +916,25 @@ fn pipelines_suite(
     let root = workspace_root();
     let repo = root.join("model_repo");
     anyhow::ensure!(
-        repo.join("text_direction_bls/1/model.wasm").is_file(),
+        repo.join("text_direction_bls/1/model.wasm").is_file()
+            && repo.join("magika_labels/1/model.wasm").is_file(),
         "model_repo plugins missing: run ./dev bench (it builds and installs them)"
     );
+    let bytes_input = |name: &'static str, data: &[u8]| {
+        let mut v = (data.len() as u32).to_le_bytes().to_vec();
+        v.extend_from_slice(data);
+        (name, "BYTES", vec![1i64, 1], v)
+    };
+    let model =
+        |name: &'static str, input: Vec<(&'static str, &'static str, Vec<i64>, Vec<u8>)>| Model {
+            name,
+            repo: repo.clone(),
+            input,
+        };
+    let server = start_server(rt, &repo, engine)?;
+    let addr = server.http_addr();
+
     let png = std::fs::read(root.join("tests/fixtures/images/text_upright.png"))?;
-    let mut image = (png.len() as u32).to_le_bytes().to_vec();
-    image.extend_from_slice(&png);
     let opts = plugin_imaging::Options {
         width: 192,
         height: 48,
@@ -881,91 +949,161 @@ fn pipelines_suite(
         .iter()
         .flat_map(|v| v.to_le_bytes())
         .collect();
-    let scores: Vec<u8> = [0.9f32, 0.1].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let model = |name: &'static str, input| Model {
-        name,
-        repo: repo.clone(),
-        input: vec![input],
+    let probs: Vec<u8> = [0.9f32, 0.1].iter().flat_map(|v| v.to_le_bytes()).collect();
+
+    let file = std::fs::read(root.join("scripts/fetch_models.py"))?;
+    let f32s = |v: &serde_json::Value| -> Vec<u8> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|x| (x.as_f64().unwrap_or(0.0) as f32).to_le_bytes())
+            .collect()
     };
-    let rows = [
-        (
-            "step: ppocr_preprocess (wasm)",
-            model(
-                "ppocr_preprocess",
-                ("IMAGE", "BYTES", vec![1, 1], image.clone()),
+    let i32s = |v: &serde_json::Value| -> Vec<u8> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|x| (x.as_i64().unwrap_or(0) as i32).to_le_bytes())
+            .collect()
+    };
+    let features = output_bytes(
+        rt,
+        addr,
+        &model("magika_features", vec![bytes_input("CONTENT", &file)]),
+        "FEATURES",
+        i32s,
+    )?;
+    let scores = output_bytes(
+        rt,
+        addr,
+        &model(
+            "magika",
+            vec![("bytes", "INT32", vec![1, 2048], features.clone())],
+        ),
+        "target_label",
+        f32s,
+    )?;
+
+    let benches = [
+        PipelineBench {
+            title: format!(
+                "text direction of a real text-line PNG ({} bytes)",
+                png.len()
             ),
-        ),
-        (
-            "step: ppocr_cls (ONNX)",
-            model("ppocr_cls", ("x", "FP32", vec![1, 3, 48, 192], pixels)),
-        ),
-        (
-            "step: ppocr_postprocess (wasm)",
-            model("ppocr_postprocess", ("SCORES", "FP32", vec![1, 2], scores)),
-        ),
-        (
-            "pipeline: text_direction (ensemble)",
-            model(
-                "text_direction",
-                ("IMAGE", "BYTES", vec![1, 1], image.clone()),
-            ),
-        ),
-        (
-            "pipeline: text_direction_bls (wasm + wasi-nn)",
-            model("text_direction_bls", ("IMAGE", "BYTES", vec![1, 1], image)),
-        ),
+            steps: vec![
+                (
+                    "ppocr_preprocess (wasm)".into(),
+                    model("ppocr_preprocess", vec![bytes_input("IMAGE", &png)]),
+                ),
+                (
+                    "ppocr_cls (ONNX)".into(),
+                    model(
+                        "ppocr_cls",
+                        vec![("x", "FP32", vec![1, 3, 48, 192], pixels)],
+                    ),
+                ),
+                (
+                    "ppocr_postprocess (wasm)".into(),
+                    model(
+                        "ppocr_postprocess",
+                        vec![("SCORES", "FP32", vec![1, 2], probs)],
+                    ),
+                ),
+            ],
+            pipelines: vec![
+                (
+                    "text_direction (ensemble)".into(),
+                    model("text_direction", vec![bytes_input("IMAGE", &png)]),
+                ),
+                (
+                    "text_direction_bls (wasm + wasi-nn)".into(),
+                    model("text_direction_bls", vec![bytes_input("IMAGE", &png)]),
+                ),
+            ],
+            client_side: Some(Arc::new(png.clone())),
+        },
+        PipelineBench {
+            title: format!("content type of a Python file ({} bytes)", file.len()),
+            steps: vec![
+                (
+                    "magika_features (wasm)".into(),
+                    model("magika_features", vec![bytes_input("CONTENT", &file)]),
+                ),
+                (
+                    "magika (ONNX)".into(),
+                    model("magika", vec![("bytes", "INT32", vec![1, 2048], features)]),
+                ),
+                (
+                    "magika_labels (wasm)".into(),
+                    model(
+                        "magika_labels",
+                        vec![
+                            bytes_input("CONTENT", &file),
+                            ("SCORES", "FP32", vec![1, 214], scores),
+                        ],
+                    ),
+                ),
+            ],
+            pipelines: vec![(
+                "content_type (ensemble)".into(),
+                model("content_type", vec![bytes_input("CONTENT", &file)]),
+            )],
+            client_side: None,
+        },
     ];
-    println!(
-        "## pipelines: text direction of a real text-line PNG ({} bytes), HTTP binary\n",
-        png.len()
-    );
-    println!("| what | concurrency | req/s | p50 µs | p99 µs |");
-    println!("|---|---|---|---|---|");
-    let server = start_server(rt, &repo, engine)?;
-    let addr = server.http_addr();
     let mut summary = Vec::new();
-    for c in [1usize, 8, 32] {
-        let mut slowest = f64::INFINITY;
-        let mut pipes = Vec::new();
-        for (what, m) in &rows {
-            let s = rt.block_on(over_http(addr, m, c, args.seconds, args.max_requests))?;
-            println!(
-                "| {what} | {c} | {:.0} | {:.0} | {:.0} |",
-                s.rps,
-                us(s.p50),
-                us(s.p99)
-            );
-            if what.starts_with("step") {
+    for b in &benches {
+        println!("## pipelines: {}, HTTP binary\n", b.title);
+        println!("| what | concurrency | req/s | p50 µs | p99 µs |");
+        println!("|---|---|---|---|---|");
+        for c in [1usize, 8, 32] {
+            let mut slowest = f64::INFINITY;
+            for (what, m) in &b.steps {
+                let s = rt.block_on(over_http(addr, m, c, args.seconds, args.max_requests))?;
+                println!(
+                    "| step: {what} | {c} | {:.0} | {:.0} | {:.0} |",
+                    s.rps,
+                    us(s.p50),
+                    us(s.p99)
+                );
                 slowest = slowest.min(s.rps);
-            } else {
-                pipes.push((*what, s.rps));
+            }
+            for (what, m) in &b.pipelines {
+                let s = rt.block_on(over_http(addr, m, c, args.seconds, args.max_requests))?;
+                println!(
+                    "| pipeline: {what} | {c} | {:.0} | {:.0} | {:.0} |",
+                    s.rps,
+                    us(s.p50),
+                    us(s.p99)
+                );
+                summary.push(format!(
+                    "| {what} | {c} | {:.0} | {:.0} | {:.2} |",
+                    s.rps,
+                    slowest,
+                    s.rps / slowest
+                ));
+            }
+            if let Some(png) = &b.client_side {
+                let s = rt.block_on(client_side(
+                    addr,
+                    png.clone(),
+                    c,
+                    args.seconds,
+                    args.max_requests,
+                ))?;
+                println!(
+                    "| client-side pre/post + ppocr_cls | {c} | {:.0} | {:.0} | {:.0} |",
+                    s.rps,
+                    us(s.p50),
+                    us(s.p99)
+                );
             }
         }
-        let cs = rt.block_on(client_side(
-            addr,
-            Arc::new(png.clone()),
-            c,
-            args.seconds,
-            args.max_requests,
-        ))?;
-        println!(
-            "| client-side pre/post + ppocr_cls | {c} | {:.0} | {:.0} | {:.0} |",
-            cs.rps,
-            us(cs.p50),
-            us(cs.p99)
-        );
-        for (what, rps) in pipes {
-            summary.push(format!(
-                "| {what} | {c} | {:.0} | {:.0} | {:.2} |",
-                rps,
-                slowest,
-                rps / slowest
-            ));
-        }
+        println!();
     }
     rt.block_on(server.shutdown())?;
     println!(
-        "\n| pipeline | concurrency | req/s | slowest step alone req/s | pipeline/slowest step |"
+        "| pipeline | concurrency | req/s | slowest step alone req/s | pipeline/slowest step |"
     );
     println!("|---|---|---|---|---|");
     for line in summary {

@@ -157,6 +157,31 @@ impl Client {
     }
 }
 
+/// A `parameters { key: ... value { string_value: ... } }` line of a `config.pbtxt`.
+pub fn config_param(key: &str, value: &str) -> String {
+    format!("parameters {{ key: \"{key}\" value {{ string_value: \"{value}\" }} }}\n")
+}
+
+/// Sends one BYTES element (an encoded image, a file) as input `input`, shape `[1, 1]`, with the
+/// binary tensor extension, to `model`.
+pub async fn infer_one_bytes(
+    c: &mut Client,
+    model: &str,
+    input: &str,
+    bytes: &[u8],
+) -> anyhow::Result<Reply> {
+    let mut data = (bytes.len() as u32).to_le_bytes().to_vec();
+    data.extend_from_slice(bytes);
+    let (body, n) = binary_request(&[(input, "BYTES", vec![1, 1], data)], false);
+    c.send(
+        "POST",
+        &format!("/v2/models/{model}/infer"),
+        &[("inference-header-content-length", n.to_string())],
+        body,
+    )
+    .await
+}
+
 /// A binary-tensor-extension request body: JSON header + raw tensors, and the header length.
 pub fn binary_request(
     inputs: &[(&str, &str, Vec<i64>, Vec<u8>)],

@@ -9,7 +9,7 @@
 //! `plugin_imaging::Options`, and `top_k`, `softmax`, `labels` as in `classify-postprocess`.
 //! The model is resolved on first use, so it may load after this plugin.
 
-use plugin_imaging::Options;
+use plugin_imaging::{Classify, Options};
 use wisp_sdk::{nn, Error, Params, Plugin, Request, Response, Tensor};
 
 /// The plugin's settings and its model handle.
@@ -18,9 +18,7 @@ pub struct ClassifyImage {
     model_name: String,
     model_input: String,
     model_output: Option<String>,
-    top_k: usize,
-    softmax: bool,
-    labels: Vec<String>,
+    classify: Classify,
     input: String,
     output: String,
     model: Option<nn::Model>,
@@ -40,12 +38,7 @@ impl Plugin for ClassifyImage {
             model_name,
             model_input: params.get("model_input").unwrap_or("x").to_string(),
             model_output: params.get("model_output").map(str::to_string),
-            top_k: params.parse_or("top_k", 1usize)?.max(1),
-            softmax: params.parse_or("softmax", false)?,
-            labels: params
-                .get("labels")
-                .map(|l| l.split(',').map(|s| s.trim().to_string()).collect())
-                .unwrap_or_default(),
+            classify: Classify::from_params(params)?,
             input: params.get("input").unwrap_or("IMAGE").to_string(),
             output: params.get("output").unwrap_or("CLASSES").to_string(),
             model: None,
@@ -55,12 +48,7 @@ impl Plugin for ClassifyImage {
     fn execute(&mut self, request: &Request) -> Result<Response, Error> {
         let input = request.input(&self.input)?;
         let images = input.strings()?;
-        let mut pixels = Vec::new();
-        for (i, bytes) in images.iter().enumerate() {
-            let v = plugin_imaging::preprocess(bytes, &self.options)
-                .map_err(|e| Error::new(e.code, format!("image {i}: {}", e.message)))?;
-            pixels.extend_from_slice(&v);
-        }
+        let pixels = plugin_imaging::preprocess_all(&images, &self.options)?;
         let mut shape = vec![images.len() as i64];
         shape.extend_from_slice(&self.options.shape());
         if self.model.is_none() {
@@ -86,21 +74,8 @@ impl Plugin for ClassifyImage {
                 self.model_name, scores.name, scores.shape
             )));
         }
-        let k = self.top_k.min(classes);
-        let mut out = Vec::new();
-        for row in scores.to_f32()?.chunks(classes) {
-            let mut row = row.to_vec();
-            if self.softmax {
-                plugin_imaging::softmax(&mut row);
-            }
-            for (i, s) in plugin_imaging::top_k(&row, k) {
-                out.push(plugin_imaging::class_string(
-                    s,
-                    i,
-                    self.labels.get(i).map(String::as_str),
-                ));
-            }
-        }
+        let k = self.classify.top_k.min(classes);
+        let out = self.classify.rows(&scores.to_f32()?, classes);
         let mut out_shape = match input.shape.split_last() {
             Some((1, lead)) if !lead.is_empty() => lead.to_vec(),
             _ => input.shape.clone(),

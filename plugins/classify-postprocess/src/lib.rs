@@ -6,30 +6,20 @@
 //! (comma-separated class names; without them the strings are `score:index`), `input`/`output`
 //! to rename the tensors.
 
+use plugin_imaging::Classify;
 use wisp_sdk::{Error, Params, Plugin, Request, Response, Tensor};
 
 /// The plugin's settings.
 pub struct ClassifyPostprocess {
-    top_k: usize,
-    softmax: bool,
-    labels: Vec<String>,
+    classify: Classify,
     input: String,
     output: String,
 }
 
 impl Plugin for ClassifyPostprocess {
     fn init(params: &Params) -> Result<Self, Error> {
-        let top_k = params.parse_or("top_k", 1usize)?;
-        if top_k == 0 {
-            return Err(Error::invalid("parameter 'top_k' must be at least 1"));
-        }
         Ok(ClassifyPostprocess {
-            top_k,
-            softmax: params.parse_or("softmax", false)?,
-            labels: params
-                .get("labels")
-                .map(|l| l.split(',').map(|s| s.trim().to_string()).collect())
-                .unwrap_or_default(),
+            classify: Classify::from_params(params)?,
             input: params.get("input").unwrap_or("SCORES").to_string(),
             output: params.get("output").unwrap_or("CLASSES").to_string(),
         })
@@ -50,21 +40,8 @@ impl Plugin for ClassifyPostprocess {
             )));
         }
         let values = scores.to_f32()?;
-        let k = self.top_k.min(classes as usize);
-        let mut out = Vec::new();
-        for row in values.chunks(classes as usize) {
-            let mut row = row.to_vec();
-            if self.softmax {
-                plugin_imaging::softmax(&mut row);
-            }
-            for (i, s) in plugin_imaging::top_k(&row, k) {
-                out.push(plugin_imaging::class_string(
-                    s,
-                    i,
-                    self.labels.get(i).map(String::as_str),
-                ));
-            }
-        }
+        let k = self.classify.top_k.min(classes as usize);
+        let out = self.classify.rows(&values, classes as usize);
         let mut shape = lead.to_vec();
         shape.push(k as i64);
         Ok(Response::new(vec![Tensor::from_strings(

@@ -27,12 +27,7 @@ impl Plugin for ImagePreprocess {
     fn execute(&mut self, request: &Request) -> Result<Response, Error> {
         let input = request.input(&self.input)?;
         let images = input.strings()?;
-        let mut pixels = Vec::new();
-        for (i, bytes) in images.iter().enumerate() {
-            let v = plugin_imaging::preprocess(bytes, &self.options)
-                .map_err(|e| Error::new(e.code, format!("image {i}: {}", e.message)))?;
-            pixels.extend_from_slice(&v);
-        }
+        let pixels = plugin_imaging::preprocess_all(&images, &self.options)?;
         let mut shape = match input.shape.split_last() {
             Some((1, lead)) if !lead.is_empty() => lead.to_vec(),
             _ => input.shape.clone(),

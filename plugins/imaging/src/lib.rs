@@ -278,6 +278,64 @@ pub fn encode_jpeg(
     out
 }
 
+/// Pre-processes every encoded image of a BYTES tensor into one buffer of `n × 3 × h × w`
+/// floats; an error names the image by index.
+pub fn preprocess_all(images: &[&[u8]], o: &Options) -> Result<Vec<f32>, Error> {
+    let mut pixels = Vec::with_capacity(images.len() * 3 * o.width * o.height);
+    for (i, bytes) in images.iter().enumerate() {
+        let v = preprocess(bytes, o)
+            .map_err(|e| Error::new(e.code, format!("image {i}: {}", e.message)))?;
+        pixels.extend_from_slice(&v);
+    }
+    Ok(pixels)
+}
+
+/// Post-processing settings shared by the classification plugins.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Classify {
+    /// Classes kept per row, best first.
+    pub top_k: usize,
+    /// Apply a softmax to each row first.
+    pub softmax: bool,
+    /// Class names by index.
+    pub labels: Vec<String>,
+}
+
+impl Classify {
+    /// Reads `top_k` (default 1, at least 1), `softmax` (default false) and `labels`
+    /// (comma-separated).
+    pub fn from_params(p: &Params) -> Result<Self, Error> {
+        let top_k = p.parse_or("top_k", 1usize)?;
+        if top_k == 0 {
+            return Err(Error::invalid("parameter 'top_k' must be at least 1"));
+        }
+        Ok(Classify {
+            top_k,
+            softmax: p.parse_or("softmax", false)?,
+            labels: p
+                .get("labels")
+                .map(|l| l.split(',').map(|s| s.trim().to_string()).collect())
+                .unwrap_or_default(),
+        })
+    }
+
+    /// `score:index:label` strings, `min(top_k, classes)` per row of `classes` scores.
+    pub fn rows(&self, scores: &[f32], classes: usize) -> Vec<String> {
+        let k = self.top_k.min(classes);
+        let mut out = Vec::with_capacity(scores.len() / classes.max(1) * k);
+        for row in scores.chunks(classes.max(1)) {
+            let mut row = row.to_vec();
+            if self.softmax {
+                softmax(&mut row);
+            }
+            for (i, s) in top_k(&row, k) {
+                out.push(class_string(s, i, self.labels.get(i).map(String::as_str)));
+            }
+        }
+        out
+    }
+}
+
 /// Softmax in place (numerically stable).
 pub fn softmax(v: &mut [f32]) {
     let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
