@@ -42,9 +42,12 @@ macro_rules! numeric {
             $(
                 #[doc = concat!("A `", stringify!($dt), "` tensor from `", stringify!($t), "` values in row-major order.")]
                 pub fn $from(name: impl Into<String>, shape: Vec<i64>, values: &[$t]) -> Tensor {
-                    let mut data = Vec::with_capacity(values.len() * std::mem::size_of::<$t>());
-                    for v in values {
-                        data.extend_from_slice(&v.to_le_bytes());
+                    const N: usize = std::mem::size_of::<$t>();
+                    // Fixed-size chunks of a zeroed buffer: compiles to a plain copy on
+                    // little-endian targets (wasm included), unlike a push per element.
+                    let mut data = vec![0u8; values.len() * N];
+                    for (d, v) in data.chunks_exact_mut(N).zip(values) {
+                        d.copy_from_slice(&v.to_le_bytes());
                     }
                     Tensor { name: name.into(), datatype: Datatype::$dt, shape, data }
                 }

@@ -8,8 +8,15 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig,
+    ProfilingStrategy,
+};
 use wisp_core::{Error, Result};
+
+/// Set (to anything) to have wasmtime write `/tmp/perf-<pid>.map`, so `perf record` names the
+/// plugins' own functions. For profiling a plugin; costs a little at every compile.
+pub const PERFMAP_ENV: &str = "WISP_WASM_PERFMAP";
 
 /// How often the epoch advances; deadlines are rounded up to whole ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(2);
@@ -108,6 +115,9 @@ fn build_engine(fuel: bool, pooling: bool) -> Result<Engine> {
         .consume_fuel(fuel)
         .cranelift_opt_level(OptLevel::Speed)
         .parallel_compilation(true);
+    if std::env::var_os(PERFMAP_ENV).is_some() {
+        config.profiler(ProfilingStrategy::PerfMap);
+    }
     if pooling {
         let mut pool = PoolingAllocationConfig::default();
         pool.max_memory_size((crate::limits::MAX_MEMORY_MB as usize) << 20);
