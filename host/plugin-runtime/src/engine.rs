@@ -77,12 +77,10 @@ impl Engines {
 
     /// Compiles `wasm` (a component) for `engine`, or loads it from the cache.
     pub fn compile(&self, engine: &Engine, wasm: &[u8]) -> Result<(Component, CompileSource)> {
-        let compile = || {
-            Component::new(engine, wasm)
-                .map_err(|e| Error::invalid(format!("not a valid WebAssembly component: {e:#}")))
-        };
         let Some(dir) = &self.cache_dir else {
-            return Ok((compile()?, CompileSource::Compiled));
+            let component = Component::new(engine, wasm)
+                .map_err(|e| Error::invalid(format!("not a valid WebAssembly component: {e:#}")))?;
+            return Ok((component, CompileSource::Compiled));
         };
         let path = dir.join(format!("{}.cwasm", cache_key(engine, wasm)));
         if path.is_file() {
@@ -96,12 +94,20 @@ impl Engines {
         let bytes = engine
             .precompile_component(wasm)
             .map_err(|e| Error::invalid(format!("not a valid WebAssembly component: {e:#}")))?;
-        if let Err(e) = write_atomically(dir, &path, &bytes) {
-            tracing::warn!(dir = %dir.display(), "cannot write the component cache: {e}");
-        }
-        let component = match load_cached(engine, &path) {
-            Ok(c) => c,
-            Err(_) => compile()?,
+        // Loading from the file maps it (pages shared between versions and processes); if it
+        // could not be written, the bytes in hand are the same artifact.
+        let from_file = match write_atomically(dir, &path, &bytes) {
+            Ok(()) => load_cached(engine, &path).ok(),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), "cannot write the component cache: {e}");
+                None
+            }
+        };
+        let component = match from_file {
+            Some(c) => c,
+            None => load_precompiled(engine, &bytes).map_err(|e| {
+                Error::internal(format!("cannot load a just-compiled component: {e:#}"))
+            })?,
         };
         Ok((component, CompileSource::Compiled))
     }
@@ -181,6 +187,12 @@ fn load_cached(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
     unsafe { Component::deserialize_file(engine, path) }
 }
 
+#[allow(unsafe_code)]
+fn load_precompiled(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Component> {
+    // SAFETY: `bytes` came from `engine.precompile_component` on this very engine, moments ago.
+    unsafe { Component::deserialize(engine, bytes) }
+}
+
 fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(
@@ -212,5 +224,32 @@ mod tests {
         let e = engines.compile(&engine, b"not wasm").unwrap_err();
         assert!(e.message().contains("not a valid WebAssembly component"));
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// The smallest valid component: the preamble of an empty one.
+    const EMPTY_COMPONENT: &[u8] = b"\0asm\x0d\x00\x01\x00";
+
+    #[test]
+    fn caches_then_loads_from_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let engines = Engines::new(Some(dir.path().to_path_buf()), false);
+        let engine = engines.get(false).unwrap().clone();
+        let (_, first) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
+        let (_, second) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
+        assert_eq!(
+            (first, second),
+            (CompileSource::Compiled, CompileSource::Cache)
+        );
+    }
+
+    #[test]
+    fn an_unwritable_cache_still_compiles() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, b"").unwrap();
+        let engines = Engines::new(Some(not_a_dir), false);
+        let engine = engines.get(false).unwrap().clone();
+        let (_, source) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
+        assert_eq!(source, CompileSource::Compiled);
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{mpsc, Arc};
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
 use wisp_core::config::{ModelConfig, ModelIo};
-use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
+use wisp_core::{Error, InferRequest, InferResponse, Result};
 use wisp_scheduler::ensemble::{steps_from_json, Plan, Progress, Run, Step};
 
 use crate::plugins::RegistryCaller;
@@ -185,15 +185,8 @@ impl Backend for EnsembleBackend {
         let inputs: Vec<String> = config.input.iter().map(|i| i.name.clone()).collect();
         let outputs: Vec<String> = config.output.iter().map(|o| o.name.clone()).collect();
         let plan = Plan::new(&config.name, &inputs, &outputs, steps)?;
+        // Every input and output's data_type was validated with the config.
         check_types(config, plan.steps(), &self.caller)?;
-        for (i, o) in config.output.iter().enumerate() {
-            if DataType::from_config_name(&o.data_type).is_none() {
-                return Err(Error::invalid(format!(
-                    "ensemble '{}': output[{i}] '{}' has no valid data_type",
-                    config.name, o.name
-                )));
-            }
-        }
         Ok(Box::new(EnsembleModel {
             plan: Arc::new(plan),
             caller: self.caller.clone(),
