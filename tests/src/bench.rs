@@ -34,7 +34,7 @@ use wisp_core::{DataType, InferRequest, Tensor};
 use wisp_server::registry::{model_file, prepare_config};
 use wisp_server::settings::{OnnxEngine, Settings};
 use wisp_server::Server;
-use wisp_tests::{binary_request, workspace_root, Client};
+use wisp_tests::{binary_request, bytes_element, f32_bytes, workspace_root, Client};
 
 #[derive(Parser)]
 struct Args {
@@ -695,13 +695,14 @@ output [ { name: "PIXELS" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
     let mut inst = loaded.new_instance(0).map_err(|e| anyhow!("{e}"))?;
     let opts = plugin_imaging::Options::default();
     for (kind, bytes) in &images {
-        let mut data = (bytes.len() as u32).to_le_bytes().to_vec();
-        data.extend_from_slice(bytes);
         let batch = [InferRequest {
-            inputs: vec![
-                Tensor::new("IMAGE", DataType::Bytes, vec![1, 1], data.into())
-                    .map_err(|e| anyhow!("{e}"))?,
-            ],
+            inputs: vec![Tensor::new(
+                "IMAGE",
+                DataType::Bytes,
+                vec![1, 1],
+                bytes_element(bytes).into(),
+            )
+            .map_err(|e| anyhow!("{e}"))?],
             ..Default::default()
         }];
         let mut one = |native: bool| -> anyhow::Result<Duration> {
@@ -801,8 +802,7 @@ async fn client_side_once(
     opts: &plugin_imaging::Options,
 ) -> anyhow::Result<()> {
     let px = plugin_imaging::preprocess(png, opts).map_err(|e| anyhow!(e.message))?;
-    let data: Vec<u8> = px.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let (body, n) = binary_request(&[("x", "FP32", vec![1, 3, 48, 192], data)], true);
+    let (body, n) = binary_request(&[("x", "FP32", vec![1, 3, 48, 192], f32_bytes(&px))], true);
     let r = c
         .send(
             "POST",
@@ -880,6 +880,14 @@ struct PipelineBench {
     client_side: Option<Arc<Vec<u8>>>,
 }
 
+/// A JSON array of numbers as little-endian bytes, each number converted by `le`.
+fn json_le<const N: usize>(
+    v: &serde_json::Value,
+    le: fn(&serde_json::Value) -> [u8; N],
+) -> Vec<u8> {
+    v.as_array().into_iter().flatten().flat_map(le).collect()
+}
+
 /// Runs `model` once over HTTP with JSON outputs and returns output `name` as raw LE bytes.
 fn output_bytes(
     rt: &tokio::runtime::Runtime,
@@ -920,11 +928,8 @@ fn pipelines_suite(
             && repo.join("magika_labels/1/model.wasm").is_file(),
         "model_repo plugins missing: run ./dev bench (it builds and installs them)"
     );
-    let bytes_input = |name: &'static str, data: &[u8]| {
-        let mut v = (data.len() as u32).to_le_bytes().to_vec();
-        v.extend_from_slice(data);
-        (name, "BYTES", vec![1i64, 1], v)
-    };
+    let bytes_input =
+        |name: &'static str, data: &[u8]| (name, "BYTES", vec![1i64, 1], bytes_element(data));
     let model =
         |name: &'static str, input: Vec<(&'static str, &'static str, Vec<i64>, Vec<u8>)>| Model {
             name,
@@ -944,28 +949,15 @@ fn pipelines_suite(
         std: [0.5; 3],
         ..Default::default()
     };
-    let pixels: Vec<u8> = plugin_imaging::preprocess(&png, &opts)
-        .map_err(|e| anyhow!(e.message))?
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    let probs: Vec<u8> = [0.9f32, 0.1].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let pixels =
+        f32_bytes(&plugin_imaging::preprocess(&png, &opts).map_err(|e| anyhow!(e.message))?);
+    let probs = f32_bytes(&[0.9, 0.1]);
 
     let file = std::fs::read(root.join("scripts/fetch_models.py"))?;
-    let f32s = |v: &serde_json::Value| -> Vec<u8> {
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|x| (x.as_f64().unwrap_or(0.0) as f32).to_le_bytes())
-            .collect()
-    };
-    let i32s = |v: &serde_json::Value| -> Vec<u8> {
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|x| (x.as_i64().unwrap_or(0) as i32).to_le_bytes())
-            .collect()
-    };
+    let f32s =
+        |v: &serde_json::Value| json_le(v, |x| (x.as_f64().unwrap_or(0.0) as f32).to_le_bytes());
+    let i32s =
+        |v: &serde_json::Value| json_le(v, |x| (x.as_i64().unwrap_or(0) as i32).to_le_bytes());
     let features = output_bytes(
         rt,
         addr,

@@ -170,9 +170,7 @@ pub async fn infer_one_bytes(
     input: &str,
     bytes: &[u8],
 ) -> anyhow::Result<Reply> {
-    let mut data = (bytes.len() as u32).to_le_bytes().to_vec();
-    data.extend_from_slice(bytes);
-    let (body, n) = binary_request(&[(input, "BYTES", vec![1, 1], data)], false);
+    let (body, n) = binary_request(&[(input, "BYTES", vec![1, 1], bytes_element(bytes))], false);
     c.send(
         "POST",
         &format!("/v2/models/{model}/infer"),
@@ -206,6 +204,13 @@ pub fn binary_request(
         body.extend_from_slice(data);
     }
     (body, n)
+}
+
+/// One BYTES tensor element in Triton's wire layout: a little-endian u32 length, then the bytes.
+pub fn bytes_element(bytes: &[u8]) -> Vec<u8> {
+    let mut data = (bytes.len() as u32).to_le_bytes().to_vec();
+    data.extend_from_slice(bytes);
+    data
 }
 
 /// Little-endian f32 bytes.
