@@ -916,6 +916,16 @@ fn output_bytes(
     Ok(to_bytes(&out["data"]))
 }
 
+/// One row of a pipelines table: what ran, at which concurrency, its throughput and latency.
+fn pipeline_row(what: &str, concurrency: usize, s: &Stats) {
+    println!(
+        "| {what} | {concurrency} | {:.0} | {:.0} | {:.0} |",
+        s.rps,
+        us(s.p50),
+        us(s.p99)
+    );
+}
+
 fn pipelines_suite(
     args: &Args,
     rt: &tokio::runtime::Runtime,
@@ -1049,25 +1059,17 @@ fn pipelines_suite(
         println!("| what | concurrency | req/s | p50 µs | p99 µs |");
         println!("|---|---|---|---|---|");
         for c in [1usize, 8, 32] {
+            let measure = |what: String, m: &Model| -> anyhow::Result<Stats> {
+                let s = rt.block_on(over_http(addr, m, c, args.seconds, args.max_requests))?;
+                pipeline_row(&what, c, &s);
+                Ok(s)
+            };
             let mut slowest = f64::INFINITY;
             for (what, m) in &b.steps {
-                let s = rt.block_on(over_http(addr, m, c, args.seconds, args.max_requests))?;
-                println!(
-                    "| step: {what} | {c} | {:.0} | {:.0} | {:.0} |",
-                    s.rps,
-                    us(s.p50),
-                    us(s.p99)
-                );
-                slowest = slowest.min(s.rps);
+                slowest = slowest.min(measure(format!("step: {what}"), m)?.rps);
             }
             for (what, m) in &b.pipelines {
-                let s = rt.block_on(over_http(addr, m, c, args.seconds, args.max_requests))?;
-                println!(
-                    "| pipeline: {what} | {c} | {:.0} | {:.0} | {:.0} |",
-                    s.rps,
-                    us(s.p50),
-                    us(s.p99)
-                );
+                let s = measure(format!("pipeline: {what}"), m)?;
                 summary.push(format!(
                     "| {what} | {c} | {:.0} | {:.0} | {:.2} |",
                     s.rps,
@@ -1083,12 +1085,7 @@ fn pipelines_suite(
                     args.seconds,
                     args.max_requests,
                 ))?;
-                println!(
-                    "| client-side pre/post + ppocr_cls | {c} | {:.0} | {:.0} | {:.0} |",
-                    s.rps,
-                    us(s.p50),
-                    us(s.p99)
-                );
+                pipeline_row("client-side pre/post + ppocr_cls", c, &s);
             }
         }
         println!();
