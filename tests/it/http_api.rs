@@ -213,6 +213,48 @@ async fn bad_requests_get_clear_errors() {
     server.shutdown().await.unwrap();
 }
 
+/// A JSON infer whose `shape` claims far more elements than its `data` holds once aborted the
+/// whole process (the decoder reserved memory from the shape). Now each is a 400 naming the
+/// input, and the server keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lying_shapes_get_400_and_never_kill_the_server() {
+    let server = start(&fixture_repo(), OnnxEngine::Tract).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    for (name, datatype, shape, data) in [
+        ("INPUT0", "FP32", json!([1, 1u64 << 40]), json!([1.0])),
+        ("INPUT0", "FP32", json!([1u64 << 40]), json!([1.0])),
+        ("whatever", "FP32", json!([1u64 << 40]), json!([1.0])),
+        ("whatever", "BYTES", json!([1u64 << 40]), json!(["a"])),
+        ("INPUT0", "FP32", json!([1, 1u64 << 62]), json!([1.0])),
+        ("whatever", "BYTES", json!([1u64 << 62]), json!(["a"])),
+        ("INPUT0", "FP32", json!([i64::MAX, i64::MAX]), json!([1.0])),
+    ] {
+        let body =
+            json!({"inputs": [{"name": name, "datatype": datatype, "shape": shape, "data": data}]});
+        let r = c
+            .post_json("/v2/models/add_sub/infer", &body)
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            400,
+            "{shape}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let msg = r.json()["error"].as_str().unwrap().to_string();
+        assert!(
+            msg.contains(name),
+            "{shape}: '{msg}' does not name the input"
+        );
+    }
+    let r = c
+        .post_json("/v2/models/add_sub/infer", &add_sub_request(1))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compressed_bodies_classification_and_raw_binary() {
     let server = start(&fixture_repo(), OnnxEngine::Tract).await;

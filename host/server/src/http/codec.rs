@@ -370,8 +370,12 @@ pub fn validate(req: &InferRequest, outputs: &[OutputSpec], cfg: &ModelConfig) -
 }
 
 /// JSON `data` (flat or nested) → little-endian bytes, checking the element count.
+///
+/// `count` comes from the client's `shape` and is not trusted: nothing is sized from it. The
+/// elements actually present are gathered first, and buffers are sized from those once the two
+/// agree, so a request's memory follows its real size.
 fn json_to_bytes(dt: DataType, data: &Value, count: usize) -> Result<Vec<u8>> {
-    let mut flat = Vec::with_capacity(count);
+    let mut flat = Vec::new();
     flatten(data, &mut flat, 0)?;
     if flat.len() != count {
         return Err(Error::invalid(format!(
@@ -379,7 +383,7 @@ fn json_to_bytes(dt: DataType, data: &Value, count: usize) -> Result<Vec<u8>> {
             flat.len()
         )));
     }
-    let mut out = Vec::with_capacity(count * dt.size().unwrap_or(8));
+    let mut out = Vec::with_capacity(flat.len() * dt.size().unwrap_or(8));
     let bad =
         |i: usize, v: &Value| Error::invalid(format!("data[{i}] = {v} is not a valid {dt} value"));
     macro_rules! ints {

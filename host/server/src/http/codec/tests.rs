@@ -187,3 +187,33 @@ fn classification_top_k_with_labels() {
     let c = classify(&t, 10, true, None).unwrap();
     assert_eq!(c.shape, vec![2, 3]);
 }
+
+/// A shape is the client's claim: nothing may be sized from it before the data backs it up.
+/// Each of these once aborted the process (allocation failure or capacity overflow).
+#[test]
+fn lying_shapes_are_rejected_without_allocating() {
+    for (name, datatype, shape, data) in [
+        ("x", "FP32", "[1, 1099511627776]", "[1]"),
+        ("x", "FP32", "[1099511627776]", "[1]"),
+        ("nope", "FP32", "[1099511627776]", "[1]"),
+        ("x", "FP32", "[1, 4611686018427387904]", "[1]"),
+        ("x", "FP32", "[4611686018427387904, 3]", "[1]"),
+        ("nope", "BYTES", "[1099511627776]", "[\"a\"]"),
+        ("nope", "BYTES", "[4611686018427387904]", "[\"a\"]"),
+        (
+            "x",
+            "FP32",
+            "[9223372036854775807, 9223372036854775807]",
+            "[1]",
+        ),
+    ] {
+        let body = format!(
+            r#"{{"inputs":[{{"name":"{name}","shape":{shape},"datatype":"{datatype}","data":{data}}}]}}"#
+        );
+        let e = err(&body, None);
+        assert!(
+            e.contains(name) && (e.contains("too large") || e.contains("elements")),
+            "{shape}: {e}"
+        );
+    }
+}
