@@ -126,7 +126,7 @@ async fn bad_requests_get_clear_errors() {
         c.send("GET", "/v2/models/add_sub/infer", &[], "")
             .await
             .unwrap(),
-        400,
+        405,
         "use POST",
     );
     let mut bad = add_sub_request(1);
@@ -186,7 +186,7 @@ async fn bad_requests_get_clear_errors() {
         c.send("POST", "/v2/models/add_sub/infer", &[], vec![b' '; 5000])
             .await
             .unwrap(),
-        400,
+        413,
         "--http-max-input-size",
     );
     // a gzip bomb is cut at the limit
@@ -201,7 +201,7 @@ async fn bad_requests_get_clear_errors() {
         )
         .await
         .unwrap(),
-        400,
+        413,
         "--http-max-input-size",
     );
     // the server is still fine
@@ -381,7 +381,7 @@ async fn broken_models_are_unavailable_and_never_stop_the_others() {
             "bad_values",
             vec![
                 "name: 'other' does not match",
-                "max_batch_size: must be >= 0",
+                "max_batch_size: must be in 0..=65536, got -1",
                 "instance_group[0].kind: KIND_GPU",
             ],
         ),

@@ -3,6 +3,7 @@
 
 mod common;
 mod ensembles;
+mod hardening;
 mod http_api;
 mod management;
 mod models;

@@ -254,6 +254,16 @@ impl GrpcClient {
         method: &str,
         msg: &Req,
     ) -> anyhow::Result<Result<Resp, (i32, String)>> {
+        self.unary_with(method, msg, &[]).await
+    }
+
+    /// [`GrpcClient::unary`] with extra request headers (metadata).
+    pub async fn unary_with<Req: prost::Message, Resp: prost::Message + Default>(
+        &mut self,
+        method: &str,
+        msg: &Req,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Result<Resp, (i32, String)>> {
         let body = msg.encode_to_vec();
         let mut framed = Vec::with_capacity(body.len() + 5);
         framed.push(0);
@@ -265,7 +275,10 @@ impl GrpcClient {
                 "http://127.0.0.1/inference.GRPCInferenceService/{method}"
             ))
             .header("content-type", "application/grpc")
-            .header("te", "trailers")
+            .header("te", "trailers");
+        let req = headers
+            .iter()
+            .fold(req, |r, (k, v)| r.header(*k, *v))
             .body(Full::new(Bytes::from(framed)))?;
         self.sender.ready().await?;
         let resp = self.sender.send_request(req).await?;
@@ -283,12 +296,32 @@ impl GrpcClient {
                 .get("grpc-message")
                 .or_else(|| headers.get("grpc-message"))
                 .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string();
-            return Ok(Err((status, msg)));
+                .unwrap_or("");
+            return Ok(Err((status, percent_decode(msg))));
         }
         let bytes = collected.to_bytes();
         anyhow::ensure!(bytes.len() >= 5, "short gRPC response");
         Ok(Ok(Resp::decode(&bytes[5..])?))
     }
+}
+
+/// Decodes gRPC's percent-encoded `grpc-message`.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |k: usize| b.get(k).and_then(|&c| (c as char).to_digit(16));
+        match (b[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

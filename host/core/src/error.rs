@@ -18,6 +18,8 @@ pub enum ErrorKind {
     AlreadyExists,
     /// The server failed (HTTP 500).
     Internal,
+    /// The request is larger than a configured limit allows (HTTP 413, gRPC RESOURCE_EXHAUSTED).
+    TooLarge,
 }
 
 impl ErrorKind {
@@ -30,6 +32,7 @@ impl ErrorKind {
             ErrorKind::Unsupported => "UNSUPPORTED",
             ErrorKind::AlreadyExists => "ALREADY_EXISTS",
             ErrorKind::Internal => "INTERNAL",
+            ErrorKind::TooLarge => "RESOURCE_EXHAUSTED",
         }
     }
 }
@@ -65,6 +68,10 @@ impl Error {
     /// An [`ErrorKind::Internal`] error.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
+    }
+    /// An [`ErrorKind::TooLarge`] error.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::TooLarge, message)
     }
     /// An [`ErrorKind::Unsupported`] error.
     pub fn unsupported(message: impl Into<String>) -> Self {

@@ -56,16 +56,56 @@ pub fn scan(roots: &[PathBuf]) -> Result<Scan> {
             });
         } else {
             let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+            tracing::error!(model = %name, paths = %list.join(", "), "model in more than one repository");
+            // Clients see this reason: it names no host path.
             scan.broken.push((
                 name.clone(),
                 Error::invalid(format!(
-                    "model '{name}' appears in more than one repository: {}",
-                    list.join(", ")
+                    "model '{name}' appears in {} model repositories",
+                    list.len()
                 )),
             ));
         }
     }
     Ok(scan)
+}
+
+/// Resolves `relative`, a path a config names, inside `model_dir`, or says why it may not be
+/// used. Configs come from the network too (a load request's `config`), so a path is refused
+/// when it is absolute, has a `..` or root component, or, once symlinks are followed, leaves the
+/// model directory. A path that does not exist yet is only checked lexically; the caller reports
+/// it missing.
+pub fn confine(model_dir: &Path, relative: &str) -> std::result::Result<PathBuf, String> {
+    use std::path::Component;
+    let rel = Path::new(relative);
+    if relative.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if relative.contains('\0') {
+        return Err("must not contain a NUL byte".into());
+    }
+    for c in rel.components() {
+        match c {
+            Component::Normal(_) | Component::CurDir => {}
+            Component::ParentDir => {
+                return Err(format!(
+                    "'{relative}' must stay inside the model directory ('..' is not allowed)"
+                ))
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "'{relative}' must be relative to the model directory (absolute paths are not allowed)"
+                ))
+            }
+        }
+    }
+    let joined = model_dir.join(rel);
+    match (joined.canonicalize(), model_dir.canonicalize()) {
+        (Ok(real), Ok(root)) if !real.starts_with(&root) => Err(format!(
+            "'{relative}' resolves outside the model directory (through a symbolic link)"
+        )),
+        _ => Ok(joined),
+    }
 }
 
 /// Integer-named version directories of a model, ascending.
@@ -135,6 +175,36 @@ mod tests {
         );
         assert!(select_versions(&spec(vec![3]), &avail).is_err());
         assert!(select_versions(&latest(1), &[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn confine_keeps_paths_inside_the_model_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m");
+        std::fs::create_dir_all(model.join("sub")).unwrap();
+        std::fs::write(model.join("labels.txt"), "a").unwrap();
+        std::fs::write(dir.path().join("secret"), "s").unwrap();
+        assert_eq!(
+            confine(&model, "labels.txt").unwrap(),
+            model.join("labels.txt")
+        );
+        assert_eq!(confine(&model, "sub").unwrap(), model.join("sub"));
+        assert_eq!(
+            confine(&model, "./missing").unwrap(),
+            model.join("./missing")
+        );
+        for bad in ["/etc/passwd", "../secret", "sub/../../secret", "", "a\0b"] {
+            assert!(confine(&model, bad).is_err(), "{bad:?} was allowed");
+        }
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(dir.path().join("secret"), model.join("link")).unwrap();
+            std::os::unix::fs::symlink(dir.path(), model.join("up")).unwrap();
+            let e = confine(&model, "link").unwrap_err();
+            assert!(e.contains("symbolic link"), "{e}");
+            assert!(confine(&model, "up/secret").is_err());
+            assert!(confine(&model, "up").is_err());
+        }
     }
 
     #[test]

@@ -113,7 +113,12 @@ impl Limits {
             }
         };
         if let Some(dir) = cfg.parameter(READ_DIR_KEY).filter(|d| !d.trim().is_empty()) {
-            let path = model_dir.join(dir.trim());
+            let path = wisp_core::repository::confine(model_dir, dir.trim()).map_err(|why| {
+                Error::invalid(format!(
+                    "model '{}': parameters.{READ_DIR_KEY}: {why}",
+                    cfg.name
+                ))
+            })?;
             if !path.is_dir() {
                 return Err(Error::invalid(format!(
                     "model '{}': parameters.{READ_DIR_KEY}: {} is not a directory",
@@ -125,6 +130,98 @@ impl Limits {
         }
         Ok(limits)
     }
+}
+
+/// The `wasm.allow_env` names of a config, trimmed, empty names dropped.
+fn env_names(cfg: &ModelConfig) -> Vec<&str> {
+    cfg.parameter(ENV_KEY)
+        .map(|names| {
+            names
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Checks that `over`, a config that arrived with a load request, grants a plugin no more than
+/// `base`, the repository's own config, does: grants may only be dropped and limits only
+/// lowered. Capability grants come from the repository's files, never from the network.
+pub fn check_override_narrows(
+    base: &ModelConfig,
+    over: &ModelConfig,
+    model_dir: &Path,
+) -> Result<()> {
+    let deny = |key: &str, why: String| {
+        Err(Error::invalid(format!(
+            "model '{}': the load request's config may not widen parameters.{key} beyond the repository's config.pbtxt: {why}",
+            over.name
+        )))
+    };
+    let b = Limits::from_config(base, model_dir)?;
+    let o = Limits::from_config(over, model_dir)?;
+    if o.memory_bytes > b.memory_bytes {
+        return deny(
+            MEMORY_LIMIT_KEY,
+            format!("{} MB > {} MB", o.memory_bytes >> 20, b.memory_bytes >> 20),
+        );
+    }
+    if o.timeout > b.timeout {
+        return deny(
+            TIMEOUT_KEY,
+            format!(
+                "{} ms > {} ms",
+                o.timeout.as_millis(),
+                b.timeout.as_millis()
+            ),
+        );
+    }
+    if let Some(bf) = b.fuel {
+        if o.fuel.is_none_or(|of| of > bf) {
+            return deny(
+                FUEL_KEY,
+                format!("the repository meters {bf} fuel per call"),
+            );
+        }
+    }
+    if o.clock && !b.clock {
+        return deny(CLOCK_KEY, "the repository does not grant the clock".into());
+    }
+    let granted = env_names(base);
+    if let Some(extra) = env_names(over).into_iter().find(|n| !granted.contains(n)) {
+        return deny(ENV_KEY, format!("'{extra}' is not granted"));
+    }
+    if let Some(dir) = &o.read_dir {
+        if !b
+            .read_dir
+            .as_ref()
+            .is_some_and(|root| dir.starts_with(root))
+        {
+            return deny(
+                READ_DIR_KEY,
+                "only the repository's granted directory or one inside it".into(),
+            );
+        }
+    }
+    if let Some(key) = over.parameters.keys().find(|k| {
+        k.starts_with("wasm.")
+            && ![
+                MEMORY_LIMIT_KEY,
+                TIMEOUT_KEY,
+                FUEL_KEY,
+                ENV_KEY,
+                CLOCK_KEY,
+                READ_DIR_KEY,
+            ]
+            .contains(&k.as_str())
+    }) {
+        return Err(Error::invalid(format!(
+            "model '{}': unknown sandbox parameter '{key}'",
+            over.name
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -191,9 +288,84 @@ mod tests {
             (TIMEOUT_KEY, "soon"),
             (CLOCK_KEY, "yes"),
             (READ_DIR_KEY, "missing"),
+            (READ_DIR_KEY, "/"),
+            (READ_DIR_KEY, ".."),
         ] {
             let e = Limits::from_config(&cfg(&[(k, v)]), Path::new(".")).unwrap_err();
             assert!(e.message().contains(k), "{k}={v}: {}", e.message());
+        }
+    }
+
+    #[test]
+    fn an_override_may_narrow_but_never_widen() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("assets/inner")).unwrap();
+        let base = cfg(&[
+            (MEMORY_LIMIT_KEY, "64"),
+            (ENV_KEY, "A,B"),
+            (READ_DIR_KEY, "assets"),
+            (FUEL_KEY, "1000"),
+        ]);
+        let ok = |params: &[(&str, &str)]| check_override_narrows(&base, &cfg(params), dir.path());
+        ok(&[(MEMORY_LIMIT_KEY, "32"), (FUEL_KEY, "10")]).unwrap();
+        ok(&[
+            (ENV_KEY, "B"),
+            (READ_DIR_KEY, "assets/inner"),
+            (FUEL_KEY, "1000"),
+            (MEMORY_LIMIT_KEY, "64"),
+        ])
+        .unwrap();
+        for (params, key) in [
+            (
+                vec![(FUEL_KEY, "1000"), (MEMORY_LIMIT_KEY, "128")],
+                MEMORY_LIMIT_KEY,
+            ),
+            (vec![(FUEL_KEY, "1000")], MEMORY_LIMIT_KEY), // the default 256 is wider
+            (vec![(MEMORY_LIMIT_KEY, "8")], FUEL_KEY),
+            (vec![(MEMORY_LIMIT_KEY, "8"), (FUEL_KEY, "1001")], FUEL_KEY),
+            (
+                vec![
+                    (MEMORY_LIMIT_KEY, "8"),
+                    (FUEL_KEY, "1"),
+                    (ENV_KEY, "A,HOME"),
+                ],
+                ENV_KEY,
+            ),
+            (
+                vec![
+                    (MEMORY_LIMIT_KEY, "8"),
+                    (FUEL_KEY, "1"),
+                    (CLOCK_KEY, "true"),
+                ],
+                CLOCK_KEY,
+            ),
+            (
+                vec![
+                    (MEMORY_LIMIT_KEY, "8"),
+                    (FUEL_KEY, "1"),
+                    (READ_DIR_KEY, "."),
+                ],
+                READ_DIR_KEY,
+            ),
+            (
+                vec![
+                    (MEMORY_LIMIT_KEY, "8"),
+                    (FUEL_KEY, "1"),
+                    (TIMEOUT_KEY, "9000"),
+                ],
+                TIMEOUT_KEY,
+            ),
+            (
+                vec![
+                    (MEMORY_LIMIT_KEY, "8"),
+                    (FUEL_KEY, "1"),
+                    ("wasm.allow_net", "true"),
+                ],
+                "wasm.allow_net",
+            ),
+        ] {
+            let e = ok(&params).unwrap_err();
+            assert!(e.message().contains(key), "{params:?}: {}", e.message());
         }
     }
 }

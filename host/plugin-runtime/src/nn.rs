@@ -57,9 +57,10 @@ fn code_for(kind: ErrorKind) -> errors::ErrorCode {
         ErrorKind::InvalidArg => errors::ErrorCode::InvalidArgument,
         ErrorKind::NotFound => errors::ErrorCode::NotFound,
         ErrorKind::Unsupported => errors::ErrorCode::UnsupportedOperation,
-        ErrorKind::Unavailable | ErrorKind::AlreadyExists | ErrorKind::Internal => {
-            errors::ErrorCode::RuntimeError
-        }
+        ErrorKind::Unavailable
+        | ErrorKind::AlreadyExists
+        | ErrorKind::Internal
+        | ErrorKind::TooLarge => errors::ErrorCode::RuntimeError,
     }
 }
 

@@ -34,8 +34,44 @@ pub fn status(e: Error) -> Status {
         ErrorKind::Unsupported => tonic::Code::Unimplemented,
         ErrorKind::AlreadyExists => tonic::Code::AlreadyExists,
         ErrorKind::Internal => tonic::Code::Internal,
+        ErrorKind::TooLarge => tonic::Code::ResourceExhausted,
     };
     Status::new(code, e.message().to_string())
+}
+
+/// Runs before every gRPC call: refuses calls to restricted groups that lack their header
+/// (Triton's `--grpc-restricted-protocol`: UNAVAILABLE, Triton's message), and reports a request
+/// over `--grpc-max-message-size` as RESOURCE_EXHAUSTED, gRPC's code for it, where tonic says
+/// OUT_OF_RANGE. (A unary call's size error is in the response headers, which is where it is
+/// rewritten; on a stream it arrives later, in the trailers, and keeps tonic's code.)
+pub async fn guard(
+    axum::extract::State(restricted): axum::extract::State<Arc<crate::restricted::Restrictions>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Some(group) = crate::restricted::ApiGroup::of_grpc(req.uri().path()) {
+        let headers = req.headers();
+        if let Err(header) = restricted.check(group, |h| headers.get(h).map(|v| v.as_bytes())) {
+            return Status::unavailable(format!(
+                "This protocol is restricted, expecting header '{header}'"
+            ))
+            .into_http();
+        }
+    }
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    let oversize = h.get("grpc-status").is_some_and(|v| v == "11")
+        && h.get("grpc-message").is_some_and(|m| {
+            let m = m.as_bytes();
+            m.windows(9).any(|w| w == b"too large") || m.windows(11).any(|w| w == b"too%20large")
+        });
+    if oversize {
+        h.insert(
+            "grpc-status",
+            axum::http::HeaderValue::from(tonic::Code::ResourceExhausted as i32),
+        );
+    }
+    resp
 }
 
 /// The service.
@@ -165,12 +201,17 @@ fn decode_request(
     for o in req.outputs {
         let classification = match o.parameters.get("classification").map(param_to_json) {
             None => None,
-            Some(v) => Some(v.as_u64().filter(|&n| n > 0).ok_or_else(|| {
-                Error::invalid(format!(
-                    "output '{}': 'classification' must be a positive integer",
-                    o.name
-                ))
-            })? as usize),
+            Some(v) => Some(
+                v.as_u64()
+                    .filter(|&n| n > 0 && n <= codec::MAX_CLASSIFICATION)
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "output '{}': 'classification' must be an integer in 1..={}",
+                            o.name,
+                            codec::MAX_CLASSIFICATION
+                        ))
+                    })? as usize,
+            ),
         };
         outputs.push(OutputSpec {
             name: o.name,
@@ -347,11 +388,24 @@ impl GrpcInferenceService for GrpcService {
         let mut inbound = r.into_inner();
         let app = self.app.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
+        // At most this many requests of the stream are in flight, counting responses the client
+        // has not read yet: past it the next message is not read, so a client that does not read
+        // its responses is slowed down by HTTP/2 flow control instead of buffered without limit.
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(
+            app.grpc_stream_in_flight.max(1),
+        ));
         tokio::spawn(async move {
-            while let Some(next) = inbound.next().await {
+            loop {
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    break;
+                };
+                let Some(next) = inbound.next().await else {
+                    break;
+                };
                 let Ok(req) = next else { break };
                 let (app, tx) = (app.clone(), tx.clone());
                 tokio::spawn(async move {
+                    let _permit = permit;
                     let id = req.id.clone();
                     let msg = match infer(&app, req).await {
                         Ok(resp) => pb::ModelStreamInferResponse {

@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod conn;
 pub mod ensemble;
 pub mod grpc;
 pub mod host_policy;
@@ -15,23 +16,17 @@ pub mod logging;
 pub mod metrics;
 pub mod plugins;
 pub mod registry;
+pub mod restricted;
 pub mod settings;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use wisp_backend_onnx::{find_onnxruntime, EngineChoice, OnnxBackend};
 
 use registry::{LoadOptions, Registry};
 use settings::{ControlMode, OnnxEngine, Settings};
-
-/// Small responses and HTTP/2 frames must not wait for Nagle's algorithm (a 40 ms stall with
-/// delayed ACKs).
-fn no_delay(tcp: &mut tokio::net::TcpStream) {
-    let _ = tcp.set_nodelay(true);
-}
 
 /// A running server.
 pub struct Server {
@@ -118,9 +113,29 @@ impl Server {
         if settings.exit_on_error && !registry.all_ready() {
             anyhow::bail!("some models failed to load and --exit-on-error is set");
         }
+        let http_restricted = restricted::Restrictions::parse(
+            &settings.http_restricted_api,
+            "--http-restricted-api",
+            "",
+        )
+        .map_err(|e| anyhow::anyhow!(e))?;
+        let grpc_restricted = restricted::Restrictions::parse(
+            &settings.grpc_restricted_protocol,
+            "--grpc-restricted-protocol",
+            restricted::GRPC_HEADER_PREFIX,
+        )
+        .map_err(|e| anyhow::anyhow!(e))?;
         let state = Arc::new(http::AppState {
+            restricted: http_restricted,
+            grpc_stream_in_flight: settings.grpc_stream_max_in_flight as usize,
             registry: registry.clone(),
             max_input_size: settings.http_max_input_size,
+            body_timeout: std::time::Duration::from_secs(settings.http_body_timeout_secs),
+            budget: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(settings.max_inflight_bytes / 1024)
+                    .unwrap_or(usize::MAX)
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
             strict_readiness: settings.strict_readiness,
             cache,
             control_mode: settings.model_control_mode,
@@ -157,6 +172,24 @@ impl Server {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "HTTP front end listening");
         let (tx, rx) = tokio::sync::watch::channel(false);
+        let limits = conn::ConnLimits {
+            header_timeout: std::time::Duration::from_secs(settings.http_header_timeout_secs),
+            idle_timeout: std::time::Duration::from_secs(settings.idle_timeout_secs),
+            max_concurrent_streams: settings.grpc_max_concurrent_streams,
+            max_header_size: settings.max_header_size as usize,
+        };
+        let gate = conn::Gate::new(
+            "http+grpc",
+            settings
+                .max_connections
+                .unwrap_or_else(conn::default_max_connections),
+        );
+        tracing::info!(
+            max_connections = gate.max(),
+            header_timeout_secs = settings.http_header_timeout_secs,
+            idle_timeout_secs = settings.idle_timeout_secs,
+            "connection limits"
+        );
         let (metrics_addr, metrics_task) = match metrics {
             Some(m) => {
                 let maddr = SocketAddr::new(
@@ -169,10 +202,11 @@ impl Server {
                 let maddr = l.local_addr()?;
                 tracing::info!(addr = %maddr, "metrics endpoint listening");
                 let app = http::metrics_router(m, registry.clone());
+                let (limits, rx) = (limits.clone(), rx.clone());
                 (
                     Some(maddr),
                     Some(tokio::spawn(async move {
-                        axum::serve(l.tap_io(no_delay), app).await
+                        conn::serve(l, app, limits, conn::Gate::new("metrics", 64), rx).await
                     })),
                 )
             }
@@ -204,28 +238,19 @@ impl Server {
                 .await;
             let router = tonic::service::Routes::new(svc)
                 .add_service(health_svc)
-                .into_axum_router();
-            let mut rx = rx.clone();
-            let task = tokio::spawn(async move {
-                axum::serve(l.tap_io(no_delay), router)
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.wait_for(|stop| *stop).await;
-                    })
-                    .await
-            });
+                .into_axum_router()
+                .layer(axum::middleware::from_fn_with_state(
+                    Arc::new(grpc_restricted),
+                    grpc::guard,
+                ));
+            let (limits, gate, rx) = (limits.clone(), gate.clone(), rx.clone());
+            let task = tokio::spawn(conn::serve(l, router, limits, gate, rx));
             (Some(gaddr), Some(task))
         } else {
             (None, None)
         };
         let app = http::router(state);
-        let mut http_rx = rx.clone();
-        let task = tokio::spawn(async move {
-            axum::serve(listener.tap_io(no_delay), app)
-                .with_graceful_shutdown(async move {
-                    let _ = http_rx.wait_for(|stop| *stop).await;
-                })
-                .await
-        });
+        let task = tokio::spawn(conn::serve(listener, app, limits, gate, rx.clone()));
         Ok(Server {
             addr,
             metrics_addr,

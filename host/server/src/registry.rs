@@ -732,8 +732,42 @@ fn versions_list(entry: &ModelEntry) -> String {
     }
 }
 
-/// Loads one model; failures are recorded in the entry, never returned.
+/// Loads one model; failures are recorded in the entry, never returned. Failure reasons reach
+/// any client (the repository index, readiness errors), so paths in them are made relative to
+/// the repository.
 fn load_model(
+    dir: &ModelDir,
+    backend: &dyn Backend,
+    opts: &LoadOptions,
+    config_json: Option<&str>,
+) -> ModelEntry {
+    let mut entry = load_model_inner(dir, backend, opts, config_json);
+    let Some(root) = dir.path.parent() else {
+        return entry;
+    };
+    let mut prefixes = vec![format!("{}/", root.display())];
+    if let Ok(real) = root.canonicalize() {
+        prefixes.push(format!("{}/", real.display()));
+    }
+    let scrub = |msg: &mut String| {
+        for p in &prefixes {
+            if msg.contains(p.as_str()) {
+                *msg = msg.replace(p.as_str(), "");
+            }
+        }
+    };
+    if let Some(e) = entry.error.as_mut() {
+        scrub(e);
+    }
+    for state in entry.versions.values_mut() {
+        if let VersionState::Unavailable(r) = state {
+            scrub(r);
+        }
+    }
+    entry
+}
+
+fn load_model_inner(
     dir: &ModelDir,
     backend: &dyn Backend,
     opts: &LoadOptions,
@@ -757,7 +791,9 @@ fn load_model(
     }
     let mut labels = HashMap::new();
     for o in cfg.output.iter().filter(|o| !o.label_filename.is_empty()) {
-        match config::read_labels(&dir.path.join(&o.label_filename)) {
+        let path = repository::confine(&dir.path, &o.label_filename)
+            .map_err(|why| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why));
+        match path.and_then(|p| config::read_labels(&p)) {
             Ok(l) => {
                 labels.insert(o.name.clone(), Arc::new(l));
             }
@@ -863,6 +899,12 @@ fn prepare_config_from(
         }
     };
     config::normalize(&mut cfg, name, &dir.path);
+    // Before auto-complete opens the model file: it must be inside the model directory.
+    config::check_model_filename(&cfg.default_model_filename, &dir.path).map_err(|why| {
+        Error::invalid(format!(
+            "invalid config for model '{name}': default_model_filename: {why}"
+        ))
+    })?;
     if autocomplete && cfg.is_onnx() {
         let latest = repository::select_versions(
             cfg.version_policy.as_ref().expect("normalized"),
@@ -878,6 +920,17 @@ fn prepare_config_from(
         }
     }
     config::validate(&cfg, name, &dir.path)?;
+    if config_json.is_some() && cfg.is_wasm() {
+        // A config from the network may narrow the repository's sandbox, never widen it.
+        let base = match std::fs::read_to_string(dir.path.join("config.pbtxt")) {
+            Ok(text) => config::parse_pbtxt(name, &text)?,
+            Err(_) => ModelConfig {
+                name: name.to_string(),
+                ..Default::default()
+            },
+        };
+        wisp_plugin_runtime::limits::check_override_narrows(&base, &cfg, &dir.path)?;
+    }
     Ok(cfg)
 }
 
@@ -907,6 +960,13 @@ fn load_version(
 ) -> Result<ModelVersion> {
     let start = Instant::now();
     let file = model_file(&dir.path, version, cfg);
+    if !cfg.is_ensemble() {
+        repository::confine(
+            &dir.path.join(version.to_string()),
+            &cfg.default_model_filename,
+        )
+        .map_err(|why| Error::invalid(format!("default_model_filename: {why}")))?;
+    }
     if !cfg.is_ensemble() && !file.is_file() {
         return Err(Error::not_found(format!(
             "model file {} not found",
@@ -1032,16 +1092,35 @@ fn warmup_request(
             Vec::new()
         };
         shape.extend(dims);
-        let count: usize = shape.iter().map(|&d| d as usize).product();
+        let count = wisp_core::tensor::element_count(&shape)
+            .map_err(|e| e.context(format!("input '{name}'")))?;
+        let too_large = || {
+            Error::invalid(format!(
+                "input '{name}': warm-up data of shape {shape:?} is larger than {} bytes",
+                config::bounds::MAX_WARMUP_BYTES
+            ))
+        };
+        let elem_size = dt.size().unwrap_or(4);
+        if count
+            .checked_mul(elem_size)
+            .is_none_or(|b| b as u64 > config::bounds::MAX_WARMUP_BYTES)
+        {
+            return Err(too_large());
+        }
         let data: Vec<u8> = match (dt.size(), &w.input_data_file) {
             (_, Some(file)) => {
-                let path = model_dir.join("warmup").join(file);
+                let path = repository::confine(&model_dir.join("warmup"), file).map_err(|why| {
+                    Error::invalid(format!("input '{name}': input_data_file {why}"))
+                })?;
                 let row = std::fs::read(&path).map_err(|e| {
                     Error::invalid(format!(
-                        "input '{name}': cannot read {}: {e}",
-                        path.display()
+                        "input '{name}': cannot read warmup/{file}: {}",
+                        e.kind()
                     ))
                 })?;
+                if row.len() as u64 > config::bounds::MAX_WARMUP_BYTES {
+                    return Err(too_large());
+                }
                 // The file holds one batch item; repeat it for the batch size.
                 row.repeat(if cfg.batches() {
                     sample.batch_size.max(1) as usize

@@ -98,6 +98,55 @@ pub struct Settings {
     #[arg(long, default_value_t = DEFAULT_HTTP_MAX_INPUT_SIZE)]
     pub http_max_input_size: usize,
 
+    /// Seconds a client has to send a request's headers, counted from when the server starts
+    /// waiting for them (so also the longest a keep-alive HTTP/1 connection may wait between
+    /// requests).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub http_header_timeout_secs: u64,
+
+    /// Seconds a client has to send a whole request body.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub http_body_timeout_secs: u64,
+
+    /// Close a connection (HTTP, gRPC or metrics) after this many seconds with no bytes moving
+    /// and no request in flight.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub idle_timeout_secs: u64,
+
+    /// Most HTTP and gRPC connections open at once (default: three quarters of the open-file
+    /// limit); more are closed as they arrive. The metrics endpoint has its own 64.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+
+    /// Largest request header block in bytes (HTTP/1 and HTTP/2).
+    #[arg(long, default_value_t = 32 * 1024, value_parser = clap::value_parser!(u64).range(1024..=1048576))]
+    pub max_header_size: u64,
+
+    /// Concurrent HTTP/2 streams (gRPC calls) per connection.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub grpc_max_concurrent_streams: u32,
+
+    /// Memory that requests being decoded may take at once, in bytes (estimated from each
+    /// body); past it, inference requests get 503 / RESOURCE_EXHAUSTED until others finish.
+    #[arg(long, default_value_t = 2 << 30)]
+    pub max_inflight_bytes: u64,
+
+    /// Requests of one gRPC `ModelStreamInfer` stream in flight at once, unread responses
+    /// included; past it the stream is not read until the client catches up.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub grpc_stream_max_in_flight: u32,
+
+    /// Gate API groups behind a header, Triton's syntax `<group>[,<group>...]:<header>=<value>`
+    /// (groups: health, metadata, inference, shared-memory, model-config, model-repository,
+    /// statistics, trace, logging); repeat for several. Refused requests get 403.
+    #[arg(long, value_name = "GROUPS:HEADER=VALUE")]
+    pub http_restricted_api: Vec<String>,
+
+    /// Gate gRPC API groups behind a header, as `--http-restricted-api`; clients send the header
+    /// as `triton-grpc-protocol-<header>`. Refused calls get UNAVAILABLE.
+    #[arg(long, value_name = "GROUPS:HEADER=VALUE")]
+    pub grpc_restricted_protocol: Vec<String>,
+
     /// Serve the gRPC front end.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub allow_grpc: bool,

@@ -36,6 +36,41 @@ pub const WASM_BACKEND: &str = "wasm";
 /// `--backend-config=default-max-batch-size`).
 pub const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
 
+/// The bound on every number a config may hold. A config can arrive over the network (a load
+/// request's `config` parameter), so each number is checked against these before anything is
+/// sized, counted or looped from it; [`validate`] reports a value past its bound with the field's
+/// path.
+pub mod bounds {
+    /// `max_batch_size`.
+    pub const MAX_BATCH_SIZE: i32 = 1 << 16;
+    /// Number of `input` or of `output` entries.
+    pub const MAX_TENSORS: usize = 1024;
+    /// Rank of `dims` and `reshape.shape` (without the batch dim).
+    pub const MAX_RANK: usize = 32;
+    /// One dimension of `dims` or `reshape.shape`.
+    pub const MAX_DIM: i64 = 1 << 32;
+    /// Elements of one batch item when every dim is fixed.
+    pub const MAX_ELEMENTS: i64 = 1 << 34;
+    /// `instance_group[].count`, and the total over all groups.
+    pub const MAX_INSTANCES: i32 = 256;
+    /// `dynamic_batching.priority_levels`.
+    pub const MAX_PRIORITY_LEVELS: u64 = 1024;
+    /// `dynamic_batching.max_queue_delay_microseconds` (one minute).
+    pub const MAX_QUEUE_DELAY_US: u64 = 60_000_000;
+    /// `default_timeout_microseconds` of a queue policy (one hour).
+    pub const MAX_TIMEOUT_US: u64 = 3_600_000_000;
+    /// `max_queue_size` of a queue policy.
+    pub const MAX_QUEUE_SIZE: u32 = 1 << 20;
+    /// `model_warmup` samples.
+    pub const MAX_WARMUP_SAMPLES: usize = 64;
+    /// `model_warmup[].count`.
+    pub const MAX_WARMUP_COUNT: u32 = 1000;
+    /// Bytes of one warm-up input, batch included (BYTES elements count 4 bytes each).
+    pub const MAX_WARMUP_BYTES: u64 = 256 << 20;
+    /// `version_policy.latest.num_versions` and `version_policy.specific.versions` entries.
+    pub const MAX_VERSIONS: u32 = 1024;
+}
+
 type Map = serde_json::Map<String, serde_json::Value>;
 
 /// Triton's `ModelConfig`, for the fields Wisp acts on; the rest is kept in `other`.
@@ -563,6 +598,21 @@ pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
     }
 }
 
+/// `default_model_filename` must be a plain file name: it is joined to each version directory,
+/// and a config from the network must not point it anywhere else.
+pub fn check_model_filename(file: &str, model_dir: &Path) -> Result<(), String> {
+    if file.is_empty() {
+        return Ok(());
+    }
+    crate::repository::confine(&model_dir.join("1"), file)?;
+    if Path::new(file).components().count() != 1 {
+        return Err(format!(
+            "'{file}' must be a file name inside the version directory"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a normalized config; returns every problem found.
 pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(), ConfigErrors> {
     let mut errs = Vec::new();
@@ -596,18 +646,56 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
         };
         err("backend".into(), what);
     }
-    if cfg.max_batch_size < 0 {
+    if cfg.max_batch_size < 0 || cfg.max_batch_size > bounds::MAX_BATCH_SIZE {
         err(
             "max_batch_size".into(),
-            format!("must be >= 0, got {}", cfg.max_batch_size),
+            format!(
+                "must be in 0..={}, got {}",
+                bounds::MAX_BATCH_SIZE,
+                cfg.max_batch_size
+            ),
+        );
+    }
+    if let Err(why) = check_model_filename(&cfg.default_model_filename, model_dir) {
+        err("default_model_filename".into(), why);
+    }
+    for (key, value) in &cfg.parameters {
+        if key == "wasm.allow_read_dir" && !value.string_value.trim().is_empty() {
+            if let Err(why) = crate::repository::confine(model_dir, value.string_value.trim()) {
+                err(format!("parameters.{key}"), why);
+            }
+        }
+    }
+    if cfg.input.len() > bounds::MAX_TENSORS {
+        err(
+            "input".into(),
+            format!(
+                "at most {} inputs, got {}",
+                bounds::MAX_TENSORS,
+                cfg.input.len()
+            ),
+        );
+    }
+    if cfg.output.len() > bounds::MAX_TENSORS {
+        err(
+            "output".into(),
+            format!(
+                "at most {} outputs, got {}",
+                bounds::MAX_TENSORS,
+                cfg.output.len()
+            ),
         );
     }
     if let Some(p) = &cfg.version_policy {
         if let Some(l) = &p.latest {
-            if l.num_versions == 0 {
+            if l.num_versions == 0 || l.num_versions > bounds::MAX_VERSIONS {
                 err(
                     "version_policy.latest.num_versions".into(),
-                    "must be >= 1".into(),
+                    format!(
+                        "must be in 1..={}, got {}",
+                        bounds::MAX_VERSIONS,
+                        l.num_versions
+                    ),
                 );
             }
         }
@@ -616,6 +704,12 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
                 err(
                     "version_policy.specific.versions".into(),
                     "must list at least one version".into(),
+                );
+            }
+            if s.versions.len() > bounds::MAX_VERSIONS as usize {
+                err(
+                    "version_policy.specific.versions".into(),
+                    format!("at most {} versions", bounds::MAX_VERSIONS),
                 );
             }
             for v in &s.versions {
@@ -689,14 +783,18 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
                 format!("duplicate output '{}'", t.name),
             );
         }
-        if !t.label_filename.is_empty() && !model_dir.join(&t.label_filename).is_file() {
-            err(
-                format!("{p}.label_filename"),
-                format!(
-                    "labels file '{}' not found beside config.pbtxt",
-                    t.label_filename
+        if !t.label_filename.is_empty() {
+            match crate::repository::confine(model_dir, &t.label_filename) {
+                Err(why) => err(format!("{p}.label_filename"), why),
+                Ok(path) if !path.is_file() => err(
+                    format!("{p}.label_filename"),
+                    format!(
+                        "labels file '{}' not found beside config.pbtxt",
+                        t.label_filename
+                    ),
                 ),
-            );
+                Ok(_) => {}
+            }
         }
     }
     for (i, g) in cfg.instance_group.iter().enumerate() {
@@ -709,12 +807,26 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
             ),
             other => err(format!("{p}.kind"), format!("unknown kind '{other}'")),
         }
-        if g.count < 1 {
+        if g.count < 1 || g.count > bounds::MAX_INSTANCES {
             err(
                 format!("{p}.count"),
-                format!("must be >= 1, got {}", g.count),
+                format!("must be in 1..={}, got {}", bounds::MAX_INSTANCES, g.count),
             );
         }
+    }
+    let total: i64 = cfg
+        .instance_group
+        .iter()
+        .map(|g| g.count.max(0) as i64)
+        .sum();
+    if total > bounds::MAX_INSTANCES as i64 {
+        err(
+            "instance_group".into(),
+            format!(
+                "at most {} instances in all, got {total}",
+                bounds::MAX_INSTANCES
+            ),
+        );
     }
     if let Some(db) = &cfg.dynamic_batching {
         if cfg.max_batch_size == 0 && !db.preferred_batch_size.is_empty() {
@@ -731,7 +843,27 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
                 );
             }
         }
-        let levels = db.priority_levels.max(1);
+        if db.priority_levels > bounds::MAX_PRIORITY_LEVELS {
+            err(
+                "dynamic_batching.priority_levels".into(),
+                format!(
+                    "must be in 0..={}, got {}",
+                    bounds::MAX_PRIORITY_LEVELS,
+                    db.priority_levels
+                ),
+            );
+        }
+        if db.max_queue_delay_microseconds > bounds::MAX_QUEUE_DELAY_US {
+            err(
+                "dynamic_batching.max_queue_delay_microseconds".into(),
+                format!(
+                    "must be at most {}, got {}",
+                    bounds::MAX_QUEUE_DELAY_US,
+                    db.max_queue_delay_microseconds
+                ),
+            );
+        }
+        let levels = db.priority_levels.clamp(1, bounds::MAX_PRIORITY_LEVELS);
         if db.priority_levels > 0
             && (db.default_priority_level < 1 || db.default_priority_level > levels)
         {
@@ -756,6 +888,26 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
                     format!("must be REJECT or DELAY, got {}", p.timeout_action),
                 );
             }
+            if p.default_timeout_microseconds > bounds::MAX_TIMEOUT_US {
+                err(
+                    format!("{path}.default_timeout_microseconds"),
+                    format!(
+                        "must be at most {}, got {}",
+                        bounds::MAX_TIMEOUT_US,
+                        p.default_timeout_microseconds
+                    ),
+                );
+            }
+            if p.max_queue_size > bounds::MAX_QUEUE_SIZE {
+                err(
+                    format!("{path}.max_queue_size"),
+                    format!(
+                        "must be at most {}, got {}",
+                        bounds::MAX_QUEUE_SIZE,
+                        p.max_queue_size
+                    ),
+                );
+            }
         }
         for l in db.priority_queue_policy.keys() {
             if *l < 1 || *l > levels {
@@ -766,8 +918,28 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
             }
         }
     }
+    if cfg.model_warmup.len() > bounds::MAX_WARMUP_SAMPLES {
+        err(
+            "model_warmup".into(),
+            format!(
+                "at most {} samples, got {}",
+                bounds::MAX_WARMUP_SAMPLES,
+                cfg.model_warmup.len()
+            ),
+        );
+    }
     for (i, w) in cfg.model_warmup.iter().enumerate() {
         let p = format!("model_warmup[{i}]");
+        if w.count > bounds::MAX_WARMUP_COUNT {
+            err(
+                format!("{p}.count"),
+                format!(
+                    "must be at most {}, got {}",
+                    bounds::MAX_WARMUP_COUNT,
+                    w.count
+                ),
+            );
+        }
         if w.batch_size < 1 || (cfg.max_batch_size == 0 && w.batch_size != 1) {
             err(
                 format!("{p}.batch_size"),
@@ -804,12 +976,44 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
                 );
             }
             if let Some(f) = &input.input_data_file {
-                if !model_dir.join("warmup").join(f).is_file() {
-                    err(
+                match crate::repository::confine(&model_dir.join("warmup"), f) {
+                    Err(why) => err(format!("{p}.inputs[{name}].input_data_file"), why),
+                    Ok(path) if !path.is_file() => err(
                         format!("{p}.inputs[{name}].input_data_file"),
                         format!("file 'warmup/{f}' not found in the model directory"),
-                    );
+                    ),
+                    Ok(_) => {}
                 }
+            }
+            let declared = cfg.input.iter().find(|c| &c.name == name);
+            let dims = match (input.dims.is_empty(), declared) {
+                (false, _) => &input.dims[..],
+                (true, Some(c)) => &c.dims[..],
+                (true, None) => &[][..],
+            };
+            let type_name = match (input.data_type.is_empty(), declared) {
+                (false, _) => input.data_type.as_str(),
+                (true, Some(c)) => c.data_type.as_str(),
+                (true, None) => "",
+            };
+            let elem =
+                DataType::from_config_name(type_name).map_or(4, |d| d.size().unwrap_or(4) as u64);
+            let bytes = dims
+                .iter()
+                .try_fold(u64::from(w.batch_size.max(1)) * elem, |acc, &d| {
+                    u64::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+                });
+            match bytes {
+                _ if dims.iter().any(|&d| d < 0) => {}
+                Some(b) if b <= bounds::MAX_WARMUP_BYTES => {}
+                _ => err(
+                    format!("{p}.inputs[{name}].dims"),
+                    format!(
+                        "a warm-up input of {dims:?} (batch {}) is larger than the maximum of {} bytes",
+                        w.batch_size,
+                        bounds::MAX_WARMUP_BYTES
+                    ),
+                ),
             }
         }
     }
@@ -856,19 +1060,63 @@ fn check_tensor(
             "must be set (use [1] with reshape { shape: [] } for a scalar)".into(),
         );
     }
+    if dims.len() > bounds::MAX_RANK {
+        err(
+            format!("{label}.dims"),
+            format!(
+                "at most {} dimensions, got {}",
+                bounds::MAX_RANK,
+                dims.len()
+            ),
+        );
+    }
     for &d in dims {
-        if d < -1 || d == 0 {
+        if d < -1 || d == 0 || d > bounds::MAX_DIM {
             err(
                 format!("{label}.dims"),
-                format!("dimension {d} is invalid, expected >= 1 or -1 (variable) in {dims:?}"),
+                format!(
+                    "dimension {d} is invalid, expected 1..={} or -1 (variable) in {dims:?}",
+                    bounds::MAX_DIM
+                ),
             );
         }
     }
+    // The product of the fixed dims, if it stays within bounds.
+    let elements = |v: &[i64]| {
+        v.iter()
+            .filter(|&&d| d > 0)
+            .try_fold(1i64, |acc, &d| acc.checked_mul(d))
+            .filter(|&n| n <= bounds::MAX_ELEMENTS)
+    };
+    if elements(dims).is_none() {
+        err(
+            format!("{label}.dims"),
+            format!("{dims:?} holds more than {} elements", bounds::MAX_ELEMENTS),
+        );
+    }
     if let Some(r) = reshape {
+        if r.shape.len() > bounds::MAX_RANK
+            || r.shape
+                .iter()
+                .any(|&d| !(-1..=bounds::MAX_DIM).contains(&d))
+            || elements(&r.shape).is_none()
+        {
+            err(
+                format!("{label}.reshape"),
+                format!(
+                    "shape {:?} must have at most {} dimensions, each in 1..={} or -1, and at most {} elements",
+                    r.shape,
+                    bounds::MAX_RANK,
+                    bounds::MAX_DIM,
+                    bounds::MAX_ELEMENTS
+                ),
+            );
+            return;
+        }
         let fixed = |v: &[i64]| v.iter().all(|&d| d > 0);
         if fixed(dims) && fixed(&r.shape) {
-            let a: i64 = dims.iter().product();
-            let b: i64 = r.shape.iter().product();
+            let a = elements(dims).unwrap_or(-1);
+            let b = elements(&r.shape).unwrap_or(-1);
             if a != b {
                 err(
                     format!("{label}.reshape"),

@@ -12,6 +12,9 @@ use wisp_core::config::ModelConfig;
 use wisp_core::tensor::{decode_bytes_elements, element_count, encode_bytes_elements};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
 
+/// The largest `classification` count a request may ask for (each class becomes a string).
+pub const MAX_CLASSIFICATION: u64 = 10_000;
+
 /// What the client asked of one output.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OutputSpec {
@@ -206,12 +209,15 @@ fn decode_output(i: usize, v: &Value) -> Result<OutputSpec> {
             })?);
         }
         if let Some(c) = p.get("classification") {
-            let n = c.as_u64().filter(|&n| n > 0).ok_or_else(|| {
-                Error::invalid(format!(
-                    "output '{}': 'classification' must be a positive integer",
-                    spec.name
-                ))
-            })?;
+            let n = c
+                .as_u64()
+                .filter(|&n| n > 0 && n <= MAX_CLASSIFICATION)
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "output '{}': 'classification' must be an integer in 1..={MAX_CLASSIFICATION}",
+                        spec.name
+                    ))
+                })?;
             spec.classification = Some(n as usize);
         }
         if p.contains_key("shared_memory_region") {

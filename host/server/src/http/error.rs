@@ -11,6 +11,7 @@ pub fn status(kind: ErrorKind) -> StatusCode {
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorKind::InvalidArg | ErrorKind::AlreadyExists => StatusCode::BAD_REQUEST,
     }
 }
@@ -50,5 +51,6 @@ mod tests {
             StatusCode::INTERNAL_SERVER_ERROR
         );
         assert_eq!(status(ErrorKind::AlreadyExists), StatusCode::BAD_REQUEST);
+        assert_eq!(status(ErrorKind::TooLarge), StatusCode::PAYLOAD_TOO_LARGE);
     }
 }

@@ -48,6 +48,11 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// Largest accepted body (after decompression).
     pub max_input_size: usize,
+    /// How long a client has to send a whole body (`--http-body-timeout-secs`).
+    pub body_timeout: std::time::Duration,
+    /// The in-flight decode budget, in KiB (`--max-inflight-bytes`): every infer request holds
+    /// an estimate of its decoding memory from its body until its response is built.
+    pub budget: Arc<tokio::sync::Semaphore>,
     /// Ready only if every model is ready.
     pub strict_readiness: bool,
     /// The response cache (`--cache-config`), if any.
@@ -56,6 +61,11 @@ pub struct AppState {
     pub control_mode: crate::settings::ControlMode,
     /// Logging settings (logging extension).
     pub logging: crate::logging::LogControl,
+    /// Requests of one gRPC `ModelStreamInfer` stream in flight at once
+    /// (`--grpc-stream-max-in-flight`).
+    pub grpc_stream_in_flight: usize,
+    /// API groups gated behind a header (`--http-restricted-api`).
+    pub restricted: crate::restricted::Restrictions,
 }
 
 type ApiResult = Result<Response, ApiError>;
@@ -69,6 +79,17 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
     let method = req.method().clone();
+    if let Some(group) = crate::restricted::ApiGroup::of_http(&segs) {
+        let headers = req.headers();
+        if let Err(header) = app
+            .restricted
+            .check(group, |h| headers.get(h).map(|v| v.as_bytes()))
+        {
+            let body =
+                json!({ "error": format!("This API is restricted, expecting header '{header}'") });
+            return (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
+        }
+    }
     let result = match (segs.as_slice(), &method) {
         (["v2"], &Method::GET) => Ok(server_metadata()),
         (["v2", "health", "live"], &Method::GET) => Ok(StatusCode::OK.into_response()),
@@ -109,17 +130,20 @@ async fn model_route(app: &AppState, rest: &[&str], method: &Method, req: Reques
         }
         (Some("infer"), &Method::POST) => infer(app, model, version, req).await,
         (Some("ready" | "config" | "stats"), _) | (None, _) => {
-            Err(method_not_allowed(method, "GET"))
+            Ok(method_not_allowed(method, "GET"))
         }
-        (Some("infer"), _) => Err(method_not_allowed(method, "POST")),
+        (Some("infer"), _) => Ok(method_not_allowed(method, "POST")),
         (Some(other), _) => Err(Error::not_found(format!("unknown model action '{other}'")).into()),
     }
 }
 
-fn method_not_allowed(got: &Method, want: &str) -> ApiError {
-    ApiError(Error::invalid(format!(
-        "method {got} not allowed here, use {want}"
-    )))
+/// 405 with an `Allow` header: the path exists, the method does not.
+fn method_not_allowed(got: &Method, want: &'static str) -> Response {
+    let body = json!({ "error": format!("method {got} not allowed here, use {want}") });
+    let mut r = (StatusCode::METHOD_NOT_ALLOWED, axum::Json(body)).into_response();
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(want));
+    r
 }
 
 fn json_response(v: Value) -> Response {
@@ -193,10 +217,66 @@ fn model_config(app: &AppState, model: &str, version: Option<&str>) -> ApiResult
     Ok(json_response(config_to_json(&m.config)))
 }
 
-/// Reads the body, bounded by `limit`, decoding gzip/deflate.
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Error> {
-    let too_big = || {
+/// Reads the body within `app.body_timeout`, bounded by `app.max_input_size`; a compressed body
+/// is decoded on the blocking pool.
+async fn read_body(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, Error> {
+    let secs = app.body_timeout.as_secs();
+    let raw = tokio::time::timeout(
+        app.body_timeout,
+        read_raw(headers, body, app.max_input_size),
+    )
+    .await
+    .map_err(|_| {
+        tracing::info!(secs, "request body not received in time");
         Error::invalid(format!(
+            "the request body was not received within {secs} s (--http-body-timeout-secs)"
+        ))
+    })??;
+    match raw {
+        Raw::Plain(b) => Ok(b),
+        Raw::Compressed(b, kind) => {
+            let limit = app.max_input_size;
+            tokio::task::spawn_blocking(move || decompress(&b, kind, limit))
+                .await
+                .map_err(|_| Error::internal("decompression panicked"))?
+        }
+    }
+}
+
+/// A body as read from the wire.
+enum Raw {
+    Plain(Bytes),
+    Compressed(Bytes, Compression),
+}
+
+#[derive(Clone, Copy)]
+enum Compression {
+    Gzip,
+    Deflate,
+}
+
+fn decompress(raw: &[u8], kind: Compression, limit: usize) -> Result<Bytes, Error> {
+    let decoder: Box<dyn Read + '_> = match kind {
+        Compression::Gzip => Box::new(flate2::read::GzDecoder::new(raw)),
+        Compression::Deflate => Box::new(flate2::read::ZlibDecoder::new(raw)),
+    };
+    let mut out = Vec::new();
+    decoder
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::invalid(format!("cannot decompress request body: {e}")))?;
+    if out.len() > limit {
+        return Err(Error::too_large(format!(
+            "request body exceeds the maximum of {limit} bytes (--http-max-input-size)"
+        )));
+    }
+    Ok(out.into())
+}
+
+/// Reads the raw body, bounded by `limit`.
+async fn read_raw(headers: &HeaderMap, body: Body, limit: usize) -> Result<Raw, Error> {
+    let too_big = || {
+        Error::too_large(format!(
             "request body exceeds the maximum of {limit} bytes (--http-max-input-size)"
         ))
     };
@@ -221,25 +301,27 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .map(|s| s.trim().to_ascii_lowercase());
-    let decoder: Box<dyn Read> = match encoding.as_deref() {
-        None | Some("") | Some("identity") => return Ok(raw),
-        Some("gzip") => Box::new(flate2::read::GzDecoder::new(&raw[..])),
-        Some("deflate") => Box::new(flate2::read::ZlibDecoder::new(&raw[..])),
-        Some(other) => {
-            return Err(Error::unsupported(format!(
-                "unsupported Content-Encoding '{other}' (use gzip or deflate)"
-            )))
-        }
-    };
-    let mut out = Vec::new();
-    decoder
-        .take(limit as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| Error::invalid(format!("cannot decompress request body: {e}")))?;
-    if out.len() > limit {
-        return Err(too_big());
+    match encoding.as_deref() {
+        None | Some("") | Some("identity") => Ok(Raw::Plain(raw)),
+        Some("gzip") => Ok(Raw::Compressed(raw, Compression::Gzip)),
+        Some("deflate") => Ok(Raw::Compressed(raw, Compression::Deflate)),
+        Some(other) => Err(Error::unsupported(format!(
+            "unsupported Content-Encoding '{other}' (use gzip or deflate)"
+        ))),
     }
-    Ok(out.into())
+}
+
+/// Bodies up to this size are decoded on the async worker; larger ones on the blocking pool,
+/// so that a few large requests cannot stall health checks.
+const INLINE_DECODE_BYTES: usize = 64 * 1024;
+
+/// What decoding a body may cost in memory, in KiB, charged against the in-flight budget. A
+/// JSON header becomes a `serde_json::Value` tree (up to about 16 bytes of tree per byte of
+/// text for dense numeric arrays, plus the typed tensor); binary data is sliced without copies.
+fn decode_cost_kib(body_len: usize, header_len: Option<usize>) -> u32 {
+    let json = header_len.map_or(body_len, |n| n.min(body_len));
+    let bytes = (json as u64) * 16 + (body_len - json) as u64;
+    u32::try_from(bytes / 1024 + 1).unwrap_or(u32::MAX)
 }
 
 /// Runs a validated request through the response cache (when the model enables it) and the
@@ -287,8 +369,23 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
         ),
     };
     let received = std::time::Instant::now();
-    let body = read_body(&parts.headers, body, app.max_input_size).await?;
-    let decoded = match codec::decode(body, header_len, &m.config) {
+    let body = read_body(app, &parts.headers, body).await?;
+    let cost = decode_cost_kib(body.len(), header_len);
+    let _budget = app.budget.clone().try_acquire_many_owned(cost).map_err(|_| {
+        tracing::warn!(model, bytes = body.len(), "request refused: the in-flight decode budget is spent");
+        Error::unavailable(
+            "the server is at its in-flight request memory budget (--max-inflight-bytes); retry later",
+        )
+    })?;
+    let decoded = if body.len() > INLINE_DECODE_BYTES {
+        let cfg = m.config.clone();
+        tokio::task::spawn_blocking(move || codec::decode(body, header_len, &cfg))
+            .await
+            .map_err(|_| Error::internal("request decoding panicked"))?
+    } else {
+        codec::decode(body, header_len, &m.config)
+    };
+    let decoded = match decoded {
         Ok(d) => d,
         Err(e) => {
             m.stats()
@@ -398,7 +495,7 @@ pub fn metrics_router(metrics: Arc<Metrics>, registry: Arc<Registry>) -> axum::R
 /// Reads an optional JSON object body (empty body = `{}`).
 async fn json_body(app: &AppState, req: Request) -> Result<serde_json::Map<String, Value>, Error> {
     let (parts, body) = req.into_parts();
-    let bytes = read_body(&parts.headers, body, app.max_input_size).await?;
+    let bytes = read_body(app, &parts.headers, body).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(serde_json::Map::new());
     }

@@ -1,0 +1,329 @@
+//! Connection hygiene for every listener (HTTP, gRPC, metrics): a cap on open connections, a
+//! header-read timeout, an idle timeout, and HTTP/2 limits. Slow, idle or abusive clients cost
+//! a bounded amount and are cut off; each limit logs when it acts.
+//!
+//! - **Connection cap**: a listener's connections hold permits of a [`Gate`]. A connection that
+//!   arrives when none is free is closed at once (its file descriptor is released immediately)
+//!   rather than left to pile up until the process runs out of descriptors.
+//! - **Header-read timeout** (HTTP/1): from the moment the server waits for a request head
+//!   (which includes a keep-alive connection waiting for its next request) to the end of that
+//!   head. A client that trickles headers, or holds a connection open without asking anything,
+//!   is disconnected.
+//! - **Idle timeout**: a connection with no bytes moving either way and no request in flight
+//!   for this long is closed. It covers HTTP/2 and gRPC connections and stalled bodies.
+//! - **HTTP/2**: hyper's reset-flood protection stays on; concurrent streams per connection and
+//!   the header-list size are bounded.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+/// The limits one listener applies.
+#[derive(Debug, Clone)]
+pub struct ConnLimits {
+    /// HTTP/1 header-read timeout (also bounds a keep-alive connection's wait between requests).
+    pub header_timeout: Duration,
+    /// Close a connection idle this long (no bytes either way, no request in flight).
+    pub idle_timeout: Duration,
+    /// HTTP/2 streams one connection may have open at once.
+    pub max_concurrent_streams: u32,
+    /// Largest request header block, in bytes (HTTP/1 and HTTP/2).
+    pub max_header_size: usize,
+}
+
+/// A cap on open connections, shared by the listeners that use it.
+#[derive(Debug)]
+pub struct Gate {
+    name: &'static str,
+    max: usize,
+    permits: Arc<Semaphore>,
+    refused: AtomicU64,
+}
+
+impl Gate {
+    /// A gate admitting at most `max` connections at once.
+    pub fn new(name: &'static str, max: usize) -> Arc<Self> {
+        let max = max.max(1);
+        Arc::new(Gate {
+            name,
+            max,
+            permits: Arc::new(Semaphore::new(max)),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    /// Connections refused so far because the cap was reached.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The cap.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.max - self.permits.available_permits()
+    }
+}
+
+/// The default connection cap: three quarters of the process's open-file limit (the rest is
+/// left for model files, logs and the listeners themselves), at most 16384.
+pub fn default_max_connections() -> usize {
+    let soft = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3).map(str::to_string))
+        })
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1024);
+    (soft.saturating_sub(64) * 3 / 4).clamp(16, 16384)
+}
+
+/// Wraps a TCP stream: fails with `TimedOut` once no bytes have moved either way for
+/// `idle` while the connection has no request in flight.
+struct IdleIo {
+    inner: TcpStream,
+    idle: Duration,
+    timer: Pin<Box<Sleep>>,
+    in_flight: Arc<AtomicUsize>,
+    peer: SocketAddr,
+}
+
+impl IdleIo {
+    fn touch(&mut self) {
+        let at = Instant::now() + self.idle;
+        self.timer.as_mut().reset(at);
+    }
+
+    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            self.touch();
+            return Ok(());
+        }
+        if self.timer.as_mut().poll(cx).is_ready() {
+            tracing::info!(peer = %self.peer, secs = self.idle.as_secs(), "closing idle connection");
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout"));
+        }
+        Ok(())
+    }
+}
+
+impl AsyncRead for IdleIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.touch();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.check(cx) {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for IdleIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.touch();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => match self.check(cx) {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
+            other => other,
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.touch();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => match self.check(cx) {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
+            other => other,
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Counts a request in flight until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(n: &Arc<AtomicUsize>) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        InFlight(n.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves `router` on `listener` under `limits` and `gate` until `shutdown` turns true, then
+/// stops accepting, asks every open connection to finish (in-flight requests complete), and
+/// returns when they have.
+pub async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: ConnLimits,
+    gate: Arc<Gate>,
+    mut shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(limits.max_header_size.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .max_header_list_size(u32::try_from(limits.max_header_size).unwrap_or(u32::MAX));
+    let builder = Arc::new(builder);
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stopped(&mut shutdown) => break,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(c) => c,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning on the error.
+                tracing::warn!(listener = gate.name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = gate.permits.clone().try_acquire_owned() else {
+            let n = gate.refused.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::warn!(
+                    listener = gate.name,
+                    %peer,
+                    max = gate.max,
+                    refused = n,
+                    "connection refused: the connection limit is reached"
+                );
+            }
+            drop(tcp);
+            continue;
+        };
+        // Small responses and HTTP/2 frames must not wait for Nagle's algorithm (a 40 ms
+        // stall with delayed ACKs).
+        let _ = tcp.set_nodelay(true);
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let io = IdleIo {
+            inner: tcp,
+            idle: limits.idle_timeout,
+            timer: Box::pin(tokio::time::sleep(limits.idle_timeout)),
+            in_flight: in_flight.clone(),
+            peer,
+        };
+        let router = router.clone();
+        let service =
+            hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let guard = InFlight::new(&in_flight);
+                let call = tower_call(router.clone(), req);
+                async move {
+                    let resp = call.await;
+                    drop(guard);
+                    resp
+                }
+            });
+        let builder = builder.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = stopped(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.as_mut().await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    // Every connection holds a permit until it ends: wait for all of them to come back.
+    let _all = gate.permits.acquire_many(gate.max as u32).await;
+    Ok(())
+}
+
+/// Resolves once `rx` says stop (or its sender is gone).
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Runs one request through the router.
+fn tower_call(
+    router: axum::Router,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> {
+    use tower_service::Service;
+    let mut router = router;
+    router.call(req.map(axum::body::Body::new))
+}

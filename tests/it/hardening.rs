@@ -1,0 +1,518 @@
+//! Hostile clients and hostile configs: network-supplied configs stay inside their model
+//! directory and cannot widen a plugin's sandbox, config numbers are bounded, API groups can be
+//! restricted (HTTP and gRPC), and slow, idle or excess connections are cut off. After every
+//! case the server still serves a normal request.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use wisp_server::grpc::pb;
+use wisp_server::settings::{ControlMode, OnnxEngine};
+use wisp_tests::{add_plugin_model, config_param, copy_dir, fixture_repo, Client, GrpcClient};
+
+use crate::common::start_with;
+
+fn add_sub_request() -> Value {
+    json!({
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": vec![2.0f32; 16]},
+            {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
+        ]
+    })
+}
+
+async fn still_serves(c: &mut Client) {
+    let r = c
+        .post_json("/v2/models/add_sub/infer", &add_sub_request())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
+/// A repository with add_sub, the classifier (labels beside its config), a plugin granted one
+/// directory and one variable, and a secret file beside the repository.
+fn hostile_repo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    for m in ["add_sub", "classifier"] {
+        copy_dir(&fixture_repo().join(m), &repo.join(m)).unwrap();
+    }
+    add_plugin_model(
+        &repo,
+        "plugin",
+        1,
+        "testkit",
+        &format!(
+            r#"backend: "wasm"
+max_batch_size: 4
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+{}{}{}"#,
+            config_param("wasm.allow_read_dir", "assets"),
+            config_param("wasm.allow_env", "WISP_HARDENING_OK"),
+            config_param("wasm.memory_limit_mb", "64"),
+        ),
+    );
+    std::fs::create_dir_all(repo.join("plugin/assets")).unwrap();
+    std::fs::write(dir.path().join("secret.txt"), "top secret\n").unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(
+        dir.path().join("secret.txt"),
+        repo.join("classifier/link.txt"),
+    )
+    .unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_configs_cannot_escape_the_model_directory_or_widen_the_sandbox() {
+    let dir = hostile_repo();
+    let repo = dir.path().join("repo");
+    let server = start_with(&repo, OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+        s.load_model = vec!["*".into()];
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let secret = dir.path().join("secret.txt").display().to_string();
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "classifier",
+            json!({"output": [{"name": "probs", "label_filename": secret}]}),
+            "label_filename",
+        ),
+        (
+            "classifier",
+            json!({"output": [{"name": "probs", "label_filename": "../../secret.txt"}]}),
+            "label_filename",
+        ),
+        (
+            "classifier",
+            json!({"output": [{"name": "probs", "label_filename": "link.txt"}]}),
+            "symbolic link",
+        ),
+        (
+            "classifier",
+            json!({"default_model_filename": "../../secret.txt"}),
+            "default_model_filename",
+        ),
+        (
+            "classifier",
+            json!({"default_model_filename": secret}),
+            "default_model_filename",
+        ),
+        (
+            "add_sub",
+            json!({"max_batch_size": 8, "model_warmup": [{"name": "w", "batch_size": 1,
+            "inputs": {"INPUT0": {"data_type": "TYPE_FP32", "dims": [16], "input_data_file": "../../../secret.txt"},
+                       "INPUT1": {"data_type": "TYPE_FP32", "dims": [16], "zero_data": true}}}]}),
+            "input_data_file",
+        ),
+        (
+            "add_sub",
+            json!({"max_batch_size": 8, "model_warmup": [{"name": "w", "batch_size": 1,
+            "inputs": {"INPUT0": {"data_type": "TYPE_FP32", "dims": [1099511627776i64], "zero_data": true},
+                       "INPUT1": {"data_type": "TYPE_FP32", "dims": [16], "zero_data": true}}}]}),
+            "dims",
+        ),
+        (
+            "add_sub",
+            json!({"max_batch_size": 8, "model_warmup": [{"name": "w", "batch_size": 1, "count": 4000000000u64,
+            "inputs": {"INPUT0": {"data_type": "TYPE_FP32", "dims": [16], "zero_data": true},
+                       "INPUT1": {"data_type": "TYPE_FP32", "dims": [16], "zero_data": true}}}]}),
+            "count",
+        ),
+        (
+            "add_sub",
+            json!({"max_batch_size": 8, "dynamic_batching": {"priority_levels": 1000000000000u64}}),
+            "priority_levels",
+        ),
+        (
+            "add_sub",
+            json!({"max_batch_size": 2147483647}),
+            "max_batch_size",
+        ),
+        (
+            "add_sub",
+            json!({"instance_group": [{"count": 100000}]}),
+            "count",
+        ),
+        (
+            "plugin",
+            json!({"backend": "wasm", "max_batch_size": 4, "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [2]}],
+            "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": [2]}],
+            "parameters": {"wasm.allow_read_dir": {"string_value": "/"}}}),
+            "wasm.allow_read_dir",
+        ),
+        (
+            "plugin",
+            json!({"backend": "wasm", "max_batch_size": 4, "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [2]}],
+            "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": [2]}],
+            "parameters": {"wasm.allow_read_dir": {"string_value": "."}, "wasm.memory_limit_mb": {"string_value": "64"}}}),
+            "wasm.allow_read_dir",
+        ),
+        (
+            "plugin",
+            json!({"backend": "wasm", "max_batch_size": 4, "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [2]}],
+            "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": [2]}],
+            "parameters": {"wasm.allow_env": {"string_value": "HOME,PATH"}, "wasm.memory_limit_mb": {"string_value": "64"}}}),
+            "wasm.allow_env",
+        ),
+        (
+            "plugin",
+            json!({"backend": "wasm", "max_batch_size": 4, "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [2]}],
+            "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": [2]}]}),
+            "wasm.memory_limit_mb",
+        ),
+    ];
+    for (model, config, needle) in &cases {
+        let body = json!({"parameters": {"config": config.to_string()}});
+        let r = c
+            .post_json(&format!("/v2/repository/models/{model}/load"), &body)
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&r.body).to_string();
+        assert_eq!(r.status, 400, "{model} {config}: {text}");
+        assert!(
+            text.contains(needle),
+            "{model} {config}: '{text}' lacks '{needle}'"
+        );
+        assert!(!text.contains("top secret"), "{text}");
+        // the client's own path may be echoed; the server's repository path never is
+        assert!(
+            !text.contains(&repo.display().to_string()),
+            "a host path leaked: {text}"
+        );
+        // the model that was serving still serves
+        assert_eq!(
+            c.get(&format!("/v2/models/{model}/ready"))
+                .await
+                .unwrap()
+                .status,
+            200,
+            "{model} after {config}"
+        );
+        still_serves(&mut c).await;
+    }
+    // narrowing is allowed
+    let narrower = json!({"backend": "wasm", "max_batch_size": 4,
+        "input": [{"name": "INPUT", "data_type": "TYPE_INT32", "dims": [2]}],
+        "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": [2]}],
+        "parameters": {"wasm.memory_limit_mb": {"string_value": "32"}, "wasm.allow_env": {"string_value": "WISP_HARDENING_OK"}}});
+    let r = c
+        .post_json(
+            "/v2/repository/models/plugin/load",
+            &json!({"parameters": {"config": narrower.to_string()}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // the index names no host path
+    let idx = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&idx.body).contains(&repo.display().to_string()));
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_config_that_escapes_is_unavailable_and_names_no_host_path() {
+    let dir = hostile_repo();
+    let repo = dir.path().join("repo");
+    std::fs::write(
+        repo.join("classifier/config.pbtxt"),
+        r#"output [ { name: "probs" label_filename: "../../secret.txt" } ]"#,
+    )
+    .unwrap();
+    let server = start_with(&repo, OnnxEngine::Tract, |_| {}).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let r = c.get("/v2/models/classifier/ready").await.unwrap();
+    assert_eq!(r.status, 503);
+    let idx = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&idx.body).to_string();
+    assert!(text.contains("label_filename"), "{text}");
+    assert!(!text.contains(&dir.path().display().to_string()), "{text}");
+    still_serves(&mut c).await;
+    server.shutdown().await.unwrap();
+}
+
+/// One request per API group, over HTTP: (group, method, path, body).
+fn http_probes() -> Vec<(&'static str, &'static str, &'static str, String)> {
+    vec![
+        ("health", "GET", "/v2/health/live", String::new()),
+        ("health", "GET", "/v2/models/add_sub/ready", String::new()),
+        ("metadata", "GET", "/v2", String::new()),
+        ("metadata", "GET", "/v2/models/add_sub", String::new()),
+        (
+            "inference",
+            "POST",
+            "/v2/models/add_sub/infer",
+            add_sub_request().to_string(),
+        ),
+        (
+            "model-config",
+            "GET",
+            "/v2/models/add_sub/config",
+            String::new(),
+        ),
+        (
+            "statistics",
+            "GET",
+            "/v2/models/add_sub/stats",
+            String::new(),
+        ),
+        (
+            "model-repository",
+            "POST",
+            "/v2/repository/index",
+            "{}".into(),
+        ),
+        ("logging", "GET", "/v2/logging", String::new()),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restricted_api_groups_need_their_header_over_http_and_grpc() {
+    let groups = [
+        "health",
+        "metadata",
+        "inference",
+        "model-config",
+        "statistics",
+        "model-repository",
+        "logging",
+    ];
+    for group in groups {
+        let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
+            s.http_restricted_api = vec![format!("{group}:x-wisp-key=open-sesame")];
+            s.grpc_restricted_protocol = vec![format!("{group}:x-wisp-key=open-sesame")];
+        })
+        .await;
+        let mut c = Client::connect(server.http_addr()).await.unwrap();
+        for (g, method, path, body) in http_probes() {
+            let r = c.send(method, path, &[], body.clone()).await.unwrap();
+            if g == group {
+                assert_eq!(r.status, 403, "{group}: {path}");
+                assert_eq!(
+                    r.json()["error"],
+                    "This API is restricted, expecting header 'x-wisp-key'",
+                    "{path}"
+                );
+                let wrong = c
+                    .send(method, path, &[("x-wisp-key", "nope".into())], body.clone())
+                    .await
+                    .unwrap();
+                assert_eq!(wrong.status, 403, "{group}: {path} with a wrong value");
+                let ok = c
+                    .send(method, path, &[("x-wisp-key", "open-sesame".into())], body)
+                    .await
+                    .unwrap();
+                assert_eq!(ok.status, 200, "{group}: {path} with the header");
+            } else {
+                assert_eq!(r.status, 200, "{group} restricted, {path} is not");
+            }
+        }
+        let addr = server.grpc_addr().unwrap();
+        let mut g = GrpcClient::connect(addr).await.unwrap();
+        let calls = [
+            ("health", "ServerLive"),
+            ("metadata", "ServerMetadata"),
+            ("model-config", "ModelConfig"),
+            ("statistics", "ModelStatistics"),
+            ("model-repository", "RepositoryIndex"),
+            ("logging", "LogSettings"),
+        ];
+        for (cg, method) in calls {
+            let refused = grpc_call(&mut g, method, &[]).await;
+            let allowed = grpc_call(
+                &mut g,
+                method,
+                &[("triton-grpc-protocol-x-wisp-key", "open-sesame")],
+            )
+            .await;
+            if cg == group {
+                let (code, msg) = refused.expect_err(method);
+                assert_eq!(code, 14, "{method}: UNAVAILABLE");
+                assert!(
+                    msg.contains("This protocol is restricted, expecting header")
+                        && msg.contains("triton-grpc-protocol-x-wisp-key"),
+                    "{method}: {msg}"
+                );
+            } else {
+                refused.unwrap_or_else(|e| panic!("{group} restricted, {method} is not: {e:?}"));
+            }
+            allowed.unwrap_or_else(|e| panic!("{method} with the header: {e:?}"));
+        }
+        server.shutdown().await.unwrap();
+    }
+}
+
+/// A gRPC call whose request can be empty for the probe (model name add_sub where it matters).
+async fn grpc_call(
+    g: &mut GrpcClient,
+    method: &str,
+    headers: &[(&str, &str)],
+) -> Result<(), (i32, String)> {
+    macro_rules! call {
+        ($req:expr, $resp:ty) => {
+            g.unary_with::<_, $resp>(method, &$req, headers)
+                .await
+                .unwrap()
+                .map(|_| ())
+        };
+    }
+    match method {
+        "ServerLive" => call!(pb::ServerLiveRequest {}, pb::ServerLiveResponse),
+        "ServerMetadata" => call!(pb::ServerMetadataRequest {}, pb::ServerMetadataResponse),
+        "ModelConfig" => call!(
+            pb::ModelConfigRequest {
+                name: "add_sub".into(),
+                version: String::new()
+            },
+            pb::ModelConfigResponse
+        ),
+        "ModelStatistics" => call!(
+            pb::ModelStatisticsRequest {
+                name: "add_sub".into(),
+                version: String::new()
+            },
+            pb::ModelStatisticsResponse
+        ),
+        "RepositoryIndex" => call!(
+            pb::RepositoryIndexRequest {
+                repository_name: String::new(),
+                ready: false
+            },
+            pb::RepositoryIndexResponse
+        ),
+        "LogSettings" => call!(
+            pb::LogSettingsRequest {
+                settings: Default::default()
+            },
+            pb::LogSettingsResponse
+        ),
+        other => panic!("no probe for {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_413_405_and_grpc_resource_exhausted() {
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
+        s.http_max_input_size = 4096;
+        s.grpc_max_message_size = 4096;
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let r = c
+        .send("POST", "/v2/models/add_sub/infer", &[], vec![b' '; 5000])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 413);
+    let r = c
+        .send("DELETE", "/v2/models/add_sub", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 405);
+    assert_eq!(r.headers["allow"], "GET");
+    let r = c
+        .send("PUT", "/v2/models/add_sub/infer", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 405);
+    assert_eq!(r.headers["allow"], "POST");
+    let mut g = GrpcClient::connect(server.grpc_addr().unwrap())
+        .await
+        .unwrap();
+    let big = pb::ModelInferRequest {
+        model_name: "add_sub".into(),
+        raw_input_contents: vec![vec![0u8; 8192].into()],
+        ..Default::default()
+    };
+    let e = g
+        .unary::<_, pb::ModelInferResponse>("ModelInfer", &big)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.0, 8, "RESOURCE_EXHAUSTED, got {e:?}");
+    still_serves(&mut c).await;
+    server.shutdown().await.unwrap();
+}
+
+/// Reads until EOF or `limit`; true if the server closed the connection.
+async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    let end = Instant::now() + limit;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_idle_and_excess_connections_are_cut_off() {
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
+        s.http_header_timeout_secs = 1;
+        s.http_body_timeout_secs = 1;
+        s.idle_timeout_secs = 2;
+        s.max_connections = Some(6);
+    })
+    .await;
+    let addr = server.http_addr();
+    // slow headers: a partial request line, then nothing
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(5)).await,
+        "slow headers kept open"
+    );
+    // a body shorter than its Content-Length
+    let mut short = tokio::net::TcpStream::connect(addr).await.unwrap();
+    short
+        .write_all(b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\":")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), short.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.contains("--http-body-timeout-secs"), "{reply}");
+    // an idle gRPC (HTTP/2) connection is closed after the idle timeout
+    let mut idle = tokio::net::TcpStream::connect(server.grpc_addr().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(6)).await,
+        "idle connection kept open"
+    );
+    // the connection cap: 6 held open, the 7th is closed at once, health still answers once
+    // they are cut
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert!(
+        closed_within(&mut extra, Duration::from_millis(900)).await,
+        "the 7th connection was not refused"
+    );
+    // the held ones send nothing: the header timeout cuts them
+    for h in held.iter_mut() {
+        assert!(closed_within(h, Duration::from_secs(5)).await);
+    }
+    let mut c = Client::connect(addr).await.unwrap();
+    assert_eq!(c.get("/v2/health/live").await.unwrap().status, 200);
+    still_serves(&mut c).await;
+    server.shutdown().await.unwrap();
+}
