@@ -8,4 +8,5 @@ mod http_api;
 mod management;
 mod models;
 mod plugins;
+mod protocols;
 mod scheduling;

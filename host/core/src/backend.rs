@@ -37,6 +37,11 @@ pub trait Instance: Send {
         batch: &[InferRequest],
         timing: &mut ExecTiming,
     ) -> Vec<Result<InferResponse>>;
+
+    /// Called once on the thread that will run this instance, before its first batch: where
+    /// thread placement (CPU pinning) happens. Whoever starts an instance thread calls it; a
+    /// call of `execute` from another thread (warm-up on the loader) never does.
+    fn on_thread_start(&mut self) {}
 }
 
 /// Where one batch execution spent its time, in nanoseconds (Triton's compute_input,

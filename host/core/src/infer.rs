@@ -1,5 +1,8 @@
 //! Protocol-neutral inference requests and responses, shared by every front end and backend.
 
+use crate::config::ModelConfig;
+use crate::datatype::DataType;
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// Request or response parameters: the JSON object of the KServe v2 `parameters` field.
@@ -37,4 +40,100 @@ impl InferRequest {
 pub struct InferResponse {
     /// Output tensors.
     pub outputs: Vec<Tensor>,
+}
+
+/// Checks a decoded request against its model's signature: every input known, given once, of
+/// the configured datatype and shape (batch dimension within `max_batch_size`, the same for all
+/// inputs), every required input present, every requested output known. Every entry point
+/// (HTTP, gRPC, a plugin's wasi-nn call, an ensemble step) runs it before scheduling; errors
+/// name the tensor.
+pub fn validate(req: &InferRequest, cfg: &ModelConfig) -> Result<()> {
+    let model = &cfg.name;
+    let mut batch: Option<i64> = None;
+    for t in &req.inputs {
+        let Some(c) = cfg.input.iter().find(|c| c.name == t.name) else {
+            let known: Vec<&str> = cfg.input.iter().map(|c| c.name.as_str()).collect();
+            return Err(Error::invalid(format!(
+                "unexpected inference input '{}' for model '{model}' (inputs: {})",
+                t.name,
+                known.join(", ")
+            )));
+        };
+        if req.inputs.iter().filter(|o| o.name == t.name).count() > 1 {
+            return Err(Error::invalid(format!(
+                "input '{}' is given more than once",
+                t.name
+            )));
+        }
+        let want = DataType::from_config_name(&c.data_type);
+        if want != Some(t.datatype) {
+            return Err(Error::invalid(format!(
+                "inference input '{}' data-type is '{}', but model '{model}' expects '{}'",
+                t.name,
+                t.datatype,
+                want.map_or("?", |d| d.as_str())
+            )));
+        }
+        let dims = if cfg.batches() {
+            let Some((&b, rest)) = t.shape.split_first() else {
+                return Err(Error::invalid(format!(
+                    "input '{}': shape [] has no batch dimension; model '{model}' expects [-1{}]",
+                    t.name,
+                    c.dims.iter().map(|d| format!(", {d}")).collect::<String>()
+                )));
+            };
+            if b < 1 || b > cfg.max_batch_size as i64 {
+                return Err(Error::invalid(format!(
+                    "input '{}': batch size {b} is outside 1..={} for model '{model}'",
+                    t.name, cfg.max_batch_size
+                )));
+            }
+            if *batch.get_or_insert(b) != b {
+                return Err(Error::invalid(format!(
+                    "input '{}': batch size {b} differs from the other inputs' {}",
+                    t.name,
+                    batch.unwrap_or_default()
+                )));
+            }
+            rest
+        } else {
+            &t.shape[..]
+        };
+        let fits = dims.len() == c.dims.len()
+            && dims
+                .iter()
+                .zip(&c.dims)
+                .all(|(&got, &want)| want < 0 || got == want);
+        if !fits {
+            let expect: Vec<i64> = if cfg.batches() {
+                std::iter::once(-1).chain(c.dims.iter().copied()).collect()
+            } else {
+                c.dims.clone()
+            };
+            return Err(Error::invalid(format!(
+                "unexpected shape for input '{}' for model '{model}'. Expected {expect:?}, got {:?}",
+                t.name, t.shape
+            )));
+        }
+    }
+    for c in cfg.input.iter().filter(|c| !c.optional) {
+        if !req.inputs.iter().any(|t| t.name == c.name) {
+            return Err(Error::invalid(format!(
+                "expected {} inputs but got {} inputs for model '{model}': missing input '{}'",
+                cfg.input.iter().filter(|c| !c.optional).count(),
+                req.inputs.len(),
+                c.name
+            )));
+        }
+    }
+    for name in &req.requested_outputs {
+        if !cfg.output.iter().any(|c| &c.name == name) {
+            let known: Vec<&str> = cfg.output.iter().map(|c| c.name.as_str()).collect();
+            return Err(Error::invalid(format!(
+                "unexpected inference output '{name}' for model '{model}' (outputs: {})",
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
 }

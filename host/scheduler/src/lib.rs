@@ -460,6 +460,7 @@ impl Shared {
 }
 
 fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>) {
+    instance.on_thread_start();
     loop {
         let mut rejected = Vec::new();
         let batch = {

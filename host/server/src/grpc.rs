@@ -1,6 +1,6 @@
 //! The gRPC front end: Triton's `inference.GRPCInferenceService` (plus the standard
-//! `grpc.health.v1.Health`) over tonic, sharing the HTTP front end's state, validation,
-//! scheduling and errors. Errors map to gRPC codes in [`status`], the one place that does it.
+//! `grpc.health.v1.Health`) over tonic, a thin codec over the [`Service`] the HTTP front end
+//! also calls. Errors map to gRPC codes in [`status`], the one place that does it.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -12,9 +12,9 @@ use tonic::{Request, Response, Status, Streaming};
 use wisp_core::tensor::encode_bytes_elements;
 use wisp_core::{DataType, Error, ErrorKind, InferRequest, Tensor};
 
-use crate::http::codec::{self, OutputSpec};
-use crate::http::{run_infer, AppState};
-use crate::registry::VersionState;
+use crate::service::control::LoadRequest;
+use crate::service::query::{Duration, TensorMetadata};
+use crate::service::{Decoded, OutputSpec, Service, MAX_CLASSIFICATION};
 
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 /// Messages and service traits generated from `proto/grpc_service.proto`.
@@ -76,13 +76,18 @@ pub async fn guard(
 
 /// The service.
 pub struct GrpcService {
-    app: Arc<AppState>,
+    service: Arc<Service>,
+    stream_in_flight: usize,
 }
 
 impl GrpcService {
-    /// A service over the shared front-end state.
-    pub fn new(app: Arc<AppState>) -> Self {
-        GrpcService { app }
+    /// A gRPC front end over `service`; `stream_in_flight` bounds the requests of one
+    /// `ModelStreamInfer` stream in flight (`--grpc-stream-max-in-flight`).
+    pub fn new(service: Arc<Service>, stream_in_flight: usize) -> Self {
+        GrpcService {
+            service,
+            stream_in_flight: stream_in_flight.max(1),
+        }
     }
 }
 
@@ -158,19 +163,9 @@ fn contents_to_bytes(
     Ok(out)
 }
 
-fn decode_request(
-    app: &AppState,
-    req: pb::ModelInferRequest,
-) -> Result<
-    (
-        Arc<crate::registry::ModelVersion>,
-        InferRequest,
-        Vec<OutputSpec>,
-    ),
-    Error,
-> {
-    let version = (!req.model_version.is_empty()).then_some(req.model_version.as_str());
-    let m = app.registry.get(&req.model_name, version)?;
+/// A `ModelInferRequest` → the service's [`Decoded`] (the service validates it against the
+/// model).
+fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
     if !req.raw_input_contents.is_empty() && req.raw_input_contents.len() != req.inputs.len() {
         return Err(Error::invalid(format!(
             "expected {} raw_input_contents (one per input), got {}",
@@ -182,6 +177,12 @@ fn decode_request(
     for (i, t) in req.inputs.into_iter().enumerate() {
         let dt =
             DataType::parse(&t.datatype).map_err(|e| e.context(format!("input '{}'", t.name)))?;
+        if t.shape.iter().any(|&d| d < 0) {
+            return Err(Error::invalid(format!(
+                "input '{}': shape has a negative dimension",
+                t.name
+            )));
+        }
         let data: Bytes = match req.raw_input_contents.get(i) {
             Some(raw) => raw.clone(),
             None => {
@@ -189,12 +190,6 @@ fn decode_request(
                 contents_to_bytes(&t.name, dt, &c)?.into()
             }
         };
-        if t.shape.iter().any(|&d| d < 0) {
-            return Err(Error::invalid(format!(
-                "input '{}': shape has a negative dimension",
-                t.name
-            )));
-        }
         inputs.push(Tensor::new(t.name, dt, t.shape, data)?);
     }
     let mut outputs = Vec::with_capacity(req.outputs.len());
@@ -203,12 +198,11 @@ fn decode_request(
             None => None,
             Some(v) => Some(
                 v.as_u64()
-                    .filter(|&n| n > 0 && n <= codec::MAX_CLASSIFICATION)
+                    .filter(|&n| n > 0 && n <= MAX_CLASSIFICATION)
                     .ok_or_else(|| {
                         Error::invalid(format!(
-                            "output '{}': 'classification' must be an integer in 1..={}",
-                            o.name,
-                            codec::MAX_CLASSIFICATION
+                            "output '{}': 'classification' must be an integer in 1..={MAX_CLASSIFICATION}",
+                            o.name
                         ))
                     })? as usize,
             ),
@@ -229,34 +223,29 @@ fn decode_request(
             .map(|(k, v)| (k.clone(), param_to_json(v)))
             .collect(),
     };
-    if let Err(e) = codec::validate(&request, &outputs, &m.config) {
-        m.stats()
-            .record_failure(wisp_scheduler::FailReason::Other, std::time::Duration::ZERO);
-        return Err(e);
-    }
-    Ok((m, request, outputs))
+    Ok(Decoded {
+        request,
+        outputs,
+        binary_default: false,
+    })
 }
 
 async fn infer(
-    app: &AppState,
-    req: pb::ModelInferRequest,
+    service: &Service,
+    mut req: pb::ModelInferRequest,
 ) -> Result<pb::ModelInferResponse, Error> {
-    let (m, request, outputs) = decode_request(app, req)?;
-    let response = run_infer(app, &m, &request).await?;
-    let wanted = if outputs.is_empty() {
-        codec::all_outputs(&m.config)
-    } else {
-        outputs
-    };
-    let labels = |name: &str| m.labels.get(name).cloned();
-    let tensors = codec::select_outputs(response, &wanted, &m.config, &labels)?;
+    let received = std::time::Instant::now();
+    let version = (!req.model_version.is_empty()).then(|| std::mem::take(&mut req.model_version));
+    let m = service.model(&req.model_name, version.as_deref())?;
+    let decoded = decode(req);
+    let answer = service.infer(m, decoded, received).await?;
     let mut resp = pb::ModelInferResponse {
-        model_name: m.name.clone(),
-        model_version: m.version.to_string(),
-        id: request.id,
+        model_name: answer.model.name.clone(),
+        model_version: answer.model.version.to_string(),
+        id: answer.id,
         ..Default::default()
     };
-    for t in tensors {
+    for (_, t) in answer.outputs {
         resp.outputs
             .push(pb::model_infer_response::InferOutputTensor {
                 name: t.name,
@@ -269,9 +258,23 @@ async fn infer(
     Ok(resp)
 }
 
-fn stat(s: &wisp_scheduler::DurationStat) -> Option<pb::StatisticDuration> {
-    let (count, ns) = s.get();
-    Some(pb::StatisticDuration { count, ns })
+fn stat(d: Duration) -> Option<pb::StatisticDuration> {
+    Some(pb::StatisticDuration {
+        count: d.count,
+        ns: d.ns,
+    })
+}
+
+fn tensor_metadata(t: TensorMetadata) -> pb::model_metadata_response::TensorMetadata {
+    pb::model_metadata_response::TensorMetadata {
+        name: t.name,
+        datatype: t.datatype.to_string(),
+        shape: t.shape,
+    }
+}
+
+fn version_of(v: &str) -> Option<&str> {
+    (!v.is_empty()).then_some(v)
 }
 
 type ResponseStream =
@@ -290,8 +293,9 @@ impl GrpcInferenceService for GrpcService {
         &self,
         _: Request<pb::ServerReadyRequest>,
     ) -> Result<Response<pb::ServerReadyResponse>, Status> {
-        let ready = !self.app.strict_readiness || self.app.registry.all_ready();
-        Ok(Response::new(pb::ServerReadyResponse { ready }))
+        Ok(Response::new(pb::ServerReadyResponse {
+            ready: self.service.server_ready(),
+        }))
     }
 
     async fn model_ready(
@@ -299,25 +303,22 @@ impl GrpcInferenceService for GrpcService {
         r: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = r.into_inner();
-        let version = (!r.version.is_empty()).then_some(r.version.as_str());
-        match self.app.registry.check_ready(&r.name, version) {
-            Ok(_) => Ok(Response::new(pb::ModelReadyResponse { ready: true })),
-            Err(e) if e.kind() == ErrorKind::NotFound => Err(status(e)),
-            Err(_) => Ok(Response::new(pb::ModelReadyResponse { ready: false })),
-        }
+        let ready = self
+            .service
+            .model_ready(&r.name, version_of(&r.version))
+            .map_err(status)?;
+        Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
     async fn server_metadata(
         &self,
         _: Request<pb::ServerMetadataRequest>,
     ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+        let m = self.service.server_metadata();
         Ok(Response::new(pb::ServerMetadataResponse {
-            name: "wisp".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            extensions: crate::http::EXTENSIONS
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            name: m.name.into(),
+            version: m.version.into(),
+            extensions: m.extensions.iter().map(|s| s.to_string()).collect(),
         }))
     }
 
@@ -326,46 +327,16 @@ impl GrpcInferenceService for GrpcService {
         r: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let r = r.into_inner();
-        let version = (!r.version.is_empty()).then_some(r.version.as_str());
-        let m = self.app.registry.get(&r.name, version).map_err(status)?;
-        let entry = self.app.registry.entry(&r.name).map_err(status)?;
-        let cfg = &m.config;
-        let meta = |name: &str, data_type: &str, dims: &[i64]| {
-            pb::model_metadata_response::TensorMetadata {
-                name: name.to_string(),
-                datatype: DataType::from_config_name(data_type)
-                    .map_or("INVALID", |d| d.as_str())
-                    .to_string(),
-                shape: if cfg.batches() {
-                    std::iter::once(-1).chain(dims.iter().copied()).collect()
-                } else {
-                    dims.to_vec()
-                },
-            }
-        };
-        let versions = match version {
-            Some(v) => vec![v.to_string()],
-            None => entry
-                .versions
-                .iter()
-                .filter(|(_, s)| matches!(s, VersionState::Ready(_)))
-                .map(|(v, _)| v.to_string())
-                .collect(),
-        };
+        let m = self
+            .service
+            .model_metadata(&r.name, version_of(&r.version))
+            .map_err(status)?;
         Ok(Response::new(pb::ModelMetadataResponse {
-            name: cfg.name.clone(),
-            versions,
-            platform: cfg.platform.clone(),
-            inputs: cfg
-                .input
-                .iter()
-                .map(|i| meta(&i.name, &i.data_type, &i.dims))
-                .collect(),
-            outputs: cfg
-                .output
-                .iter()
-                .map(|o| meta(&o.name, &o.data_type, &o.dims))
-                .collect(),
+            name: m.name,
+            versions: m.versions,
+            platform: m.platform,
+            inputs: m.inputs.into_iter().map(tensor_metadata).collect(),
+            outputs: m.outputs.into_iter().map(tensor_metadata).collect(),
         }))
     }
 
@@ -373,7 +344,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        infer(&self.app, r.into_inner())
+        infer(&self.service, r.into_inner())
             .await
             .map(Response::new)
             .map_err(status)
@@ -386,14 +357,12 @@ impl GrpcInferenceService for GrpcService {
         r: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         let mut inbound = r.into_inner();
-        let app = self.app.clone();
+        let service = self.service.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         // At most this many requests of the stream are in flight, counting responses the client
         // has not read yet: past it the next message is not read, so a client that does not read
         // its responses is slowed down by HTTP/2 flow control instead of buffered without limit.
-        let in_flight = Arc::new(tokio::sync::Semaphore::new(
-            app.grpc_stream_in_flight.max(1),
-        ));
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(self.stream_in_flight));
         tokio::spawn(async move {
             loop {
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
@@ -403,11 +372,11 @@ impl GrpcInferenceService for GrpcService {
                     break;
                 };
                 let Ok(req) = next else { break };
-                let (app, tx) = (app.clone(), tx.clone());
+                let (service, tx) = (service.clone(), tx.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
                     let id = req.id.clone();
-                    let msg = match infer(&app, req).await {
+                    let msg = match infer(&service, req).await {
                         Ok(resp) => pb::ModelStreamInferResponse {
                             error_message: String::new(),
                             infer_response: Some(resp),
@@ -435,11 +404,13 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         use prost::Message;
         let r = r.into_inner();
-        let version = (!r.version.is_empty()).then_some(r.version.as_str());
-        let m = self.app.registry.get(&r.name, version).map_err(status)?;
-        let bytes = wisp_core::config::config_to_protobuf(&m.config);
+        let cfg = self
+            .service
+            .model_config(&r.name, version_of(&r.version))
+            .map_err(status)?;
+        let bytes = wisp_core::config::config_to_protobuf(&cfg);
         let config = pb::ModelConfig::decode(bytes.as_slice())
-            .map_err(|e| Status::internal(format!("config encoding: {e}")))?;
+            .map_err(|e| status(Error::internal(format!("config encoding: {e}"))))?;
         Ok(Response::new(pb::ModelConfigResponse {
             config: Some(config),
         }))
@@ -450,81 +421,57 @@ impl GrpcInferenceService for GrpcService {
         r: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
         let r = r.into_inner();
-        if !r.name.is_empty() {
-            self.app.registry.entry(&r.name).map_err(status)?;
-            if !r.version.is_empty() {
-                self.app
-                    .registry
-                    .get(&r.name, Some(&r.version))
-                    .map_err(status)?;
-            }
-        }
-        let mut out = Vec::new();
-        for (name, entry) in self.app.registry.models() {
-            if !r.name.is_empty() && r.name != name {
-                continue;
-            }
-            for (v, state) in &entry.versions {
-                if !r.version.is_empty() && r.version.parse::<u64>().ok() != Some(*v) {
-                    continue;
-                }
-                let VersionState::Ready(m) = state else {
-                    continue;
-                };
-                let s = m.stats();
-                out.push(pb::ModelStatistics {
-                    name: name.clone(),
-                    version: v.to_string(),
-                    last_inference: s.last_inference_ms(),
-                    inference_count: s.inference_count(),
-                    execution_count: s.execution_count(),
-                    inference_stats: Some(pb::InferStatistics {
-                        success: stat(&s.success),
-                        fail: stat(&s.fail),
-                        queue: stat(&s.queue),
-                        compute_input: stat(&s.compute_input),
-                        compute_infer: stat(&s.compute_infer),
-                        compute_output: stat(&s.compute_output),
-                        cache_hit: stat(&s.cache_hit),
-                        cache_miss: stat(&s.cache_miss),
-                    }),
-                    batch_stats: s
-                        .batch_stats()
-                        .into_iter()
-                        .map(|(size, b)| pb::InferBatchStatistics {
-                            batch_size: size as u64,
-                            compute_input: Some(pb::StatisticDuration {
-                                count: b.count,
-                                ns: b.input_ns,
-                            }),
-                            compute_infer: Some(pb::StatisticDuration {
-                                count: b.count,
-                                ns: b.infer_ns,
-                            }),
-                            compute_output: Some(pb::StatisticDuration {
-                                count: b.count,
-                                ns: b.output_ns,
-                            }),
-                        })
-                        .collect(),
-                    memory_usage: Vec::new(),
-                });
-            }
-        }
-        Ok(Response::new(pb::ModelStatisticsResponse {
-            model_stats: out,
-        }))
+        let model = (!r.name.is_empty()).then_some(r.name.as_str());
+        let version = model.and(version_of(&r.version));
+        let stats = self.service.statistics(model, version).map_err(status)?;
+        let model_stats = stats
+            .into_iter()
+            .map(|s| pb::ModelStatistics {
+                name: s.name,
+                version: s.version.to_string(),
+                last_inference: s.last_inference,
+                inference_count: s.inference_count,
+                execution_count: s.execution_count,
+                inference_stats: Some(pb::InferStatistics {
+                    success: stat(s.success),
+                    fail: stat(s.fail),
+                    queue: stat(s.queue),
+                    compute_input: stat(s.compute_input),
+                    compute_infer: stat(s.compute_infer),
+                    compute_output: stat(s.compute_output),
+                    cache_hit: stat(s.cache_hit),
+                    cache_miss: stat(s.cache_miss),
+                }),
+                batch_stats: s
+                    .batches
+                    .iter()
+                    .map(|b| pb::InferBatchStatistics {
+                        batch_size: b.batch_size,
+                        compute_input: stat(Duration {
+                            count: b.count,
+                            ns: b.input_ns,
+                        }),
+                        compute_infer: stat(Duration {
+                            count: b.count,
+                            ns: b.infer_ns,
+                        }),
+                        compute_output: stat(Duration {
+                            count: b.count,
+                            ns: b.output_ns,
+                        }),
+                    })
+                    .collect(),
+                memory_usage: Vec::new(),
+            })
+            .collect();
+        Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
     }
 
     async fn repository_index(
         &self,
         r: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
-        let rows = self
-            .app
-            .registry
-            .index(r.into_inner().ready)
-            .map_err(status)?;
+        let rows = self.service.index(r.into_inner().ready).map_err(status)?;
         Ok(Response::new(pb::RepositoryIndexResponse {
             models: rows
                 .into_iter()
@@ -544,12 +491,6 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         use pb::model_repository_parameter::ParameterChoice as C;
         let r = r.into_inner();
-        self.check_control(&r.repository_name)?;
-        if r.parameters.keys().any(|k| k.starts_with("file:")) {
-            return Err(Status::unimplemented(
-                "loading model files from the request ('file:' parameters) is not supported",
-            ));
-        }
         let config = match r
             .parameters
             .get("config")
@@ -558,15 +499,19 @@ impl GrpcInferenceService for GrpcService {
             None => None,
             Some(C::StringParam(s)) => Some(s),
             Some(_) => {
-                return Err(Status::invalid_argument(
+                return Err(status(Error::invalid(
                     "parameter 'config' must be a string",
-                ))
+                )))
             }
         };
-        let registry = self.app.registry.clone();
-        tokio::task::spawn_blocking(move || registry.load(&r.model_name, config.as_deref()))
+        let load = LoadRequest {
+            repository: r.repository_name,
+            config,
+            has_files: r.parameters.keys().any(|k| k.starts_with("file:")),
+        };
+        self.service
+            .load(&r.model_name, load)
             .await
-            .map_err(|_| Status::internal("model load panicked"))?
             .map_err(status)?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
@@ -576,11 +521,9 @@ impl GrpcInferenceService for GrpcService {
         r: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let r = r.into_inner();
-        self.check_control(&r.repository_name)?;
-        let registry = self.app.registry.clone();
-        tokio::task::spawn_blocking(move || registry.unload(&r.model_name))
+        self.service
+            .unload(&r.model_name, &r.repository_name)
             .await
-            .map_err(|_| Status::internal("model unload panicked"))?
             .map_err(status)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
@@ -601,11 +544,7 @@ impl GrpcInferenceService for GrpcService {
             };
             update.insert(k, value);
         }
-        let s = if update.is_empty() {
-            self.app.logging.get()
-        } else {
-            self.app.logging.update(&update).map_err(status)?
-        };
+        let s = self.service.log_settings(&update).map_err(status)?;
         let mut settings = HashMap::new();
         let mut put = |k: &str, v: Out| {
             settings.insert(
@@ -625,22 +564,5 @@ impl GrpcInferenceService for GrpcService {
         );
         put("log_format", Out::StringParam(s.log_format));
         Ok(Response::new(pb::LogSettingsResponse { settings }))
-    }
-}
-
-impl GrpcService {
-    fn check_control(&self, repository: &str) -> Result<(), Status> {
-        if !repository.is_empty() {
-            return Err(Status::unimplemented(
-                "'repository_name' specification is not supported",
-            ));
-        }
-        if self.app.control_mode != crate::settings::ControlMode::Explicit {
-            return Err(Status::unavailable(format!(
-                "explicit model load / unload is not allowed in model control mode '{}' (start with --model-control-mode explicit)",
-                format!("{:?}", self.app.control_mode).to_lowercase()
-            )));
-        }
-        Ok(())
     }
 }

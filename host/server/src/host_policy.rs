@@ -68,21 +68,18 @@ impl HostPolicies {
     }
 }
 
-/// An instance whose thread is pinned to `core` on its first execution.
+/// An instance pinned to `core`: the thread its scheduler starts for it is placed there
+/// ([`Instance::on_thread_start`]); a thread that merely calls `execute` (warm-up on the
+/// loader) is left alone.
 pub struct Pinned {
     inner: Box<dyn Instance>,
     core: usize,
-    pinned: bool,
 }
 
 impl Pinned {
     /// Wraps `inner`.
     pub fn new(inner: Box<dyn Instance>, core: usize) -> Self {
-        Pinned {
-            inner,
-            core,
-            pinned: false,
-        }
+        Pinned { inner, core }
     }
 }
 
@@ -92,19 +89,22 @@ impl Instance for Pinned {
         batch: &[InferRequest],
         timing: &mut ExecTiming,
     ) -> Vec<Result<InferResponse>> {
-        if !self.pinned {
-            self.pinned = true;
-            if !core_affinity::set_for_current(core_affinity::CoreId { id: self.core }) {
-                tracing::warn!(core = self.core, "could not pin the instance thread");
-            }
-        }
         self.inner.execute(batch, timing)
+    }
+
+    fn on_thread_start(&mut self) {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: self.core }) {
+            tracing::warn!(core = self.core, "could not pin the instance thread");
+        }
+        self.inner.on_thread_start();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wisp_core::backend::ExecTiming;
+    use wisp_core::{InferRequest, InferResponse, Result};
 
     #[test]
     fn parses_triton_syntax() {
@@ -121,5 +121,72 @@ mod tests {
         assert!(HostPolicies::parse(&["x,cpu-cores=3-1".into()]).is_err());
         assert!(HostPolicies::parse(&["x".into()]).is_err());
         assert!(HostPolicies::parse(&["x,numa-node=0".into()]).is_err());
+    }
+
+    /// The CPUs the calling thread may run on (Linux), as the kernel lists them.
+    fn allowed_cpus() -> String {
+        std::fs::read_to_string("/proc/thread-self/status")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    }
+
+    /// Reports the CPUs of whichever thread executes it.
+    struct WhereAmI;
+
+    impl Instance for WhereAmI {
+        fn execute(
+            &mut self,
+            batch: &[InferRequest],
+            _: &mut ExecTiming,
+        ) -> Vec<Result<InferResponse>> {
+            let cpus = allowed_cpus();
+            batch
+                .iter()
+                .map(|_| {
+                    Ok(InferResponse {
+                        outputs: vec![wisp_core::Tensor::new(
+                            "cpus",
+                            wisp_core::DataType::Bytes,
+                            vec![1],
+                            wisp_core::tensor::encode_bytes_elements([cpus.as_bytes()]).into(),
+                        )
+                        .unwrap()],
+                    })
+                })
+                .collect()
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_instance_thread_is_pinned_and_a_warm_up_caller_is_not() {
+        let before = allowed_cpus();
+        let mut pinned: Box<dyn Instance> = Box::new(Pinned::new(Box::new(WhereAmI), 0));
+        // warm-up: executed on this (loader) thread, which must stay unpinned
+        let out = pinned.execute(&[InferRequest::default()], &mut ExecTiming::default());
+        assert!(out[0].is_ok());
+        assert_eq!(allowed_cpus(), before, "the warm-up caller was pinned");
+        // the scheduler's instance thread is pinned before its first batch
+        let policy = wisp_scheduler::Policy::from_config(&Default::default());
+        let s = wisp_scheduler::Scheduler::start("pin", policy, vec![pinned], None).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        s.enqueue(
+            InferRequest::default(),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )
+        .unwrap();
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        let got = wisp_core::tensor::decode_bytes_elements(&r.outputs[0].data).unwrap();
+        assert_eq!(got, vec![&b"0"[..]], "instance thread CPUs");
+        s.stop();
     }
 }

@@ -1,4 +1,5 @@
-//! `wisp-server`: the `wisp` binary's library — settings, model lifecycle, the HTTP front end.
+//! `wisp-server`: the `wisp` binary's library — settings, model lifecycle, the protocol-neutral
+//! service layer, and the HTTP and gRPC front ends over it (see `ARCHITECTURE.md`).
 //!
 //! [`Server::start`] loads every model of the repositories (off the async runtime), binds the
 //! HTTP listener and serves until [`Server::shutdown`] (or SIGINT/SIGTERM in `main`), which
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod plugins;
 pub mod registry;
 pub mod restricted;
+pub mod service;
 pub mod settings;
 
 use std::net::SocketAddr;
@@ -125,19 +127,10 @@ impl Server {
             restricted::GRPC_HEADER_PREFIX,
         )
         .map_err(|e| anyhow::anyhow!(e))?;
-        let state = Arc::new(http::AppState {
-            restricted: http_restricted,
-            grpc_stream_in_flight: settings.grpc_stream_max_in_flight as usize,
+        let service = Arc::new(service::Service {
             registry: registry.clone(),
-            max_input_size: settings.http_max_input_size,
-            body_timeout: std::time::Duration::from_secs(settings.http_body_timeout_secs),
-            budget: Arc::new(tokio::sync::Semaphore::new(
-                usize::try_from(settings.max_inflight_bytes / 1024)
-                    .unwrap_or(usize::MAX)
-                    .min(tokio::sync::Semaphore::MAX_PERMITS),
-            )),
-            strict_readiness: settings.strict_readiness,
             cache,
+            strict_readiness: settings.strict_readiness,
             control_mode: settings.model_control_mode,
             logging: logging::LogControl::new(logging::LogSettings {
                 log_file: settings
@@ -151,6 +144,17 @@ impl Server {
                 log_verbose_level: settings.log_verbose as u64,
                 log_format: settings.log_format.clone(),
             }),
+        });
+        let state = Arc::new(http::AppState {
+            service: service.clone(),
+            restricted: http_restricted,
+            max_input_size: settings.http_max_input_size,
+            body_timeout: std::time::Duration::from_secs(settings.http_body_timeout_secs),
+            budget: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(settings.max_inflight_bytes / 1024)
+                    .unwrap_or(usize::MAX)
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
         });
         let poller = (settings.model_control_mode == ControlMode::Poll).then(|| {
             let r = registry.clone();
@@ -223,9 +227,12 @@ impl Server {
             let gaddr = l.local_addr()?;
             tracing::info!(addr = %gaddr, "gRPC front end listening");
             let n = settings.grpc_max_message_size;
-            let svc = grpc::GrpcInferenceServiceServer::new(grpc::GrpcService::new(state.clone()))
-                .max_decoding_message_size(n)
-                .max_encoding_message_size(n);
+            let svc = grpc::GrpcInferenceServiceServer::new(grpc::GrpcService::new(
+                service.clone(),
+                settings.grpc_stream_max_in_flight as usize,
+            ))
+            .max_decoding_message_size(n)
+            .max_encoding_message_size(n);
             let (health, health_svc) = tonic_health::server::health_reporter();
             health
                 .set_service_status("", tonic_health::ServingStatus::Serving)

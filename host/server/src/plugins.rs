@@ -44,6 +44,15 @@ impl Backend for Backends {
     }
 }
 
+/// Validates a plugin's or an ensemble step's request against the model it calls; a failure
+/// counts in that model's statistics, as it would over HTTP or gRPC.
+fn validate(m: &crate::registry::ModelVersion, request: &InferRequest) -> Result<()> {
+    wisp_core::infer::validate(request, &m.config).inspect_err(|_| {
+        m.stats()
+            .record_failure(wisp_scheduler::FailReason::Other, std::time::Duration::ZERO);
+    })
+}
+
 /// Resolves plugin wasi-nn calls against the registry (set once the registry exists).
 #[derive(Default)]
 pub struct RegistryCaller {
@@ -79,7 +88,7 @@ impl RegistryCaller {
         respond: wisp_scheduler::Responder,
     ) -> Result<()> {
         let m = self.registry()?.get(model, version)?;
-        crate::http::codec::validate(&request, &[], &m.config)?;
+        validate(&m, &request)?;
         m.submit(request, respond)
     }
 }
@@ -97,7 +106,7 @@ impl ModelCaller for RegistryCaller {
         deadline: Instant,
     ) -> Result<InferResponse> {
         let m = self.registry()?.get(model, version)?;
-        crate::http::codec::validate(&request, &[], &m.config)?;
+        validate(&m, &request)?;
         m.infer_blocking(request, deadline)
     }
 }

@@ -409,8 +409,16 @@ impl Registry {
             };
             let current = m.scheduler.instance_count();
             if target > current {
+                let cores = match instance_cores(&new_cfg, &self.opts.host_policies) {
+                    Ok(c) => c,
+                    Err(e) => return Some(Err(e)),
+                };
                 let mut added = match (current..target)
-                    .map(|i| m.loaded.new_instance(i))
+                    .map(|i| {
+                        m.loaded
+                            .new_instance(i)
+                            .map(|inst| pin(inst, cores.get(i).copied().flatten()))
+                    })
                     .collect::<Result<Vec<_>>>()
                 {
                     Ok(a) => a,

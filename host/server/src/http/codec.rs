@@ -2,40 +2,18 @@
 //! extension (`Inference-Header-Content-Length`, `binary_data_size`, `binary_data`,
 //! `binary_data_output`, raw bodies with header value 0) and the classification extension.
 //!
-//! Decoding checks the request against the model config (names, datatypes, shapes, batch size,
-//! byte sizes) so a backend only ever sees valid tensors; every error names the offending
-//! input, output or field.
+//! Decoding checks what the wire format itself must get right (JSON structure, datatypes, that
+//! each shape matches the data actually present, binary lengths); the service then validates
+//! the request against the model's signature. Every error names the offending input, output or
+//! field.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Map, Value};
 use wisp_core::config::ModelConfig;
 use wisp_core::tensor::{decode_bytes_elements, element_count, encode_bytes_elements};
-use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
+use wisp_core::{DataType, Error, InferRequest, Result, Tensor};
 
-/// The largest `classification` count a request may ask for (each class becomes a string).
-pub const MAX_CLASSIFICATION: u64 = 10_000;
-
-/// What the client asked of one output.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct OutputSpec {
-    /// Output name.
-    pub name: String,
-    /// `parameters.binary_data`, if given.
-    pub binary: Option<bool>,
-    /// `parameters.classification`: top-N classes instead of raw values.
-    pub classification: Option<usize>,
-}
-
-/// A decoded, validated request plus how to encode its response.
-#[derive(Debug)]
-pub struct Decoded {
-    /// The request for the scheduler.
-    pub request: InferRequest,
-    /// Requested outputs (empty: all, in config order).
-    pub outputs: Vec<OutputSpec>,
-    /// Request-level `binary_data_output` (or a raw binary request).
-    pub binary_default: bool,
-}
+pub use crate::service::{Answer, Decoded, OutputSpec, MAX_CLASSIFICATION};
 
 fn obj<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
     v.as_object()
@@ -109,7 +87,6 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
             .collect(),
         parameters,
     };
-    validate(&request, &outputs, cfg)?;
     Ok(Decoded {
         request,
         outputs,
@@ -274,105 +251,11 @@ fn decode_raw(body: Bytes, cfg: &ModelConfig) -> Result<Decoded> {
         inputs: vec![tensor],
         ..Default::default()
     };
-    validate(&request, &[], cfg)?;
     Ok(Decoded {
         request,
         outputs: Vec::new(),
         binary_default: true,
     })
-}
-
-/// Checks names, datatypes, shapes and batch size against the config.
-pub fn validate(req: &InferRequest, outputs: &[OutputSpec], cfg: &ModelConfig) -> Result<()> {
-    let model = &cfg.name;
-    let mut batch: Option<i64> = None;
-    for t in &req.inputs {
-        let Some(c) = cfg.input.iter().find(|c| c.name == t.name) else {
-            let known: Vec<&str> = cfg.input.iter().map(|c| c.name.as_str()).collect();
-            return Err(Error::invalid(format!(
-                "unexpected inference input '{}' for model '{model}' (inputs: {})",
-                t.name,
-                known.join(", ")
-            )));
-        };
-        if req.inputs.iter().filter(|o| o.name == t.name).count() > 1 {
-            return Err(Error::invalid(format!(
-                "input '{}' is given more than once",
-                t.name
-            )));
-        }
-        let want = DataType::from_config_name(&c.data_type);
-        if want != Some(t.datatype) {
-            return Err(Error::invalid(format!(
-                "inference input '{}' data-type is '{}', but model '{model}' expects '{}'",
-                t.name,
-                t.datatype,
-                want.map_or("?", |d| d.as_str())
-            )));
-        }
-        let dims = if cfg.batches() {
-            let Some((&b, rest)) = t.shape.split_first() else {
-                return Err(Error::invalid(format!(
-                    "input '{}': shape [] has no batch dimension; model '{model}' expects [-1{}]",
-                    t.name,
-                    c.dims.iter().map(|d| format!(", {d}")).collect::<String>()
-                )));
-            };
-            if b < 1 || b > cfg.max_batch_size as i64 {
-                return Err(Error::invalid(format!(
-                    "input '{}': batch size {b} is outside 1..={} for model '{model}'",
-                    t.name, cfg.max_batch_size
-                )));
-            }
-            if *batch.get_or_insert(b) != b {
-                return Err(Error::invalid(format!(
-                    "input '{}': batch size {b} differs from the other inputs' {}",
-                    t.name,
-                    batch.unwrap_or_default()
-                )));
-            }
-            rest
-        } else {
-            &t.shape[..]
-        };
-        let fits = dims.len() == c.dims.len()
-            && dims
-                .iter()
-                .zip(&c.dims)
-                .all(|(&got, &want)| want < 0 || got == want);
-        if !fits {
-            let expect: Vec<i64> = if cfg.batches() {
-                std::iter::once(-1).chain(c.dims.iter().copied()).collect()
-            } else {
-                c.dims.clone()
-            };
-            return Err(Error::invalid(format!(
-                "unexpected shape for input '{}' for model '{model}'. Expected {expect:?}, got {:?}",
-                t.name, t.shape
-            )));
-        }
-    }
-    for c in cfg.input.iter().filter(|c| !c.optional) {
-        if !req.inputs.iter().any(|t| t.name == c.name) {
-            return Err(Error::invalid(format!(
-                "expected {} inputs but got {} inputs for model '{model}': missing input '{}'",
-                cfg.input.iter().filter(|c| !c.optional).count(),
-                req.inputs.len(),
-                c.name
-            )));
-        }
-    }
-    for o in outputs {
-        if !cfg.output.iter().any(|c| c.name == o.name) {
-            let known: Vec<&str> = cfg.output.iter().map(|c| c.name.as_str()).collect();
-            return Err(Error::invalid(format!(
-                "unexpected inference output '{}' for model '{model}' (outputs: {})",
-                o.name,
-                known.join(", ")
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// JSON `data` (flat or nested) → little-endian bytes, checking the element count.
@@ -456,88 +339,6 @@ fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>, depth: usize) -> Result<(
     Ok(())
 }
 
-/// Elements of a tensor as f64 (for classification), `None` for BYTES.
-fn as_f64s(t: &Tensor) -> Option<Vec<f64>> {
-    let d = &t.data;
-    macro_rules! conv {
-        ($t:ty, $n:expr) => {
-            d.chunks_exact($n)
-                .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk")) as f64)
-                .collect()
-        };
-    }
-    Some(match t.datatype {
-        DataType::Bool | DataType::Uint8 => d.iter().map(|&b| b as f64).collect(),
-        DataType::Int8 => d.iter().map(|&b| b as i8 as f64).collect(),
-        DataType::Uint16 => conv!(u16, 2),
-        DataType::Int16 => conv!(i16, 2),
-        DataType::Uint32 => conv!(u32, 4),
-        DataType::Int32 => conv!(i32, 4),
-        DataType::Uint64 => conv!(u64, 8),
-        DataType::Int64 => conv!(i64, 8),
-        DataType::Fp32 => conv!(f32, 4),
-        DataType::Fp64 => conv!(f64, 8),
-        DataType::Fp16 => d
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        DataType::Bf16 => d
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        DataType::Bytes => return None,
-    })
-}
-
-/// The classification extension: top-`n` of each batch row as `"<value>:<index>[:<label>]"`.
-pub fn classify(t: &Tensor, n: usize, batched: bool, labels: Option<&[String]>) -> Result<Tensor> {
-    let values = as_f64s(t).ok_or_else(|| {
-        Error::invalid(format!(
-            "output '{}': classification needs a numeric output, it is BYTES",
-            t.name
-        ))
-    })?;
-    let rows = if batched {
-        t.shape.first().copied().unwrap_or(1).max(0) as usize
-    } else {
-        1
-    };
-    let per_row = values.len().checked_div(rows).unwrap_or(0);
-    let k = n.min(per_row);
-    let is_float = matches!(
-        t.datatype,
-        DataType::Fp16 | DataType::Bf16 | DataType::Fp32 | DataType::Fp64
-    );
-    let mut items = Vec::with_capacity(rows * k);
-    for r in 0..rows {
-        let row = &values[r * per_row..(r + 1) * per_row];
-        let mut idx: Vec<usize> = (0..row.len()).collect();
-        idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-        for &i in idx.iter().take(k) {
-            let value = if is_float {
-                format!("{:.6}", row[i])
-            } else {
-                format!("{}", row[i] as i64)
-            };
-            items.push(match labels.and_then(|l| l.get(i)) {
-                Some(label) => format!("{value}:{i}:{label}"),
-                None => format!("{value}:{i}"),
-            });
-        }
-    }
-    let shape = if batched {
-        vec![rows as i64, k as i64]
-    } else {
-        vec![k as i64]
-    };
-    Tensor::new(
-        t.name.clone(),
-        DataType::Bytes,
-        shape,
-        encode_bytes_elements(items).into(),
-    )
-}
-
 /// Tensor bytes → flat JSON array.
 pub fn tensor_to_json(t: &Tensor) -> Value {
     let d = &t.data;
@@ -584,43 +385,6 @@ pub fn tensor_to_json(t: &Tensor) -> Value {
     Value::Array(v)
 }
 
-/// The tensors to return, in `wanted` order, with the classification extension applied.
-pub fn select_outputs(
-    resp: InferResponse,
-    wanted: &[OutputSpec],
-    cfg: &ModelConfig,
-    labels: &dyn Fn(&str) -> Option<std::sync::Arc<Vec<String>>>,
-) -> Result<Vec<Tensor>> {
-    let mut out = Vec::with_capacity(wanted.len());
-    for spec in wanted {
-        let Some(t) = resp.outputs.iter().find(|t| t.name == spec.name) else {
-            return Err(Error::internal(format!(
-                "model '{}' did not produce output '{}'",
-                cfg.name, spec.name
-            )));
-        };
-        out.push(match spec.classification {
-            Some(n) => {
-                let l = labels(&spec.name);
-                classify(t, n, cfg.batches(), l.as_deref().map(|v| v.as_slice()))?
-            }
-            None => t.clone(),
-        });
-    }
-    Ok(out)
-}
-
-/// Every output of the model, in config order, when the client named none.
-pub fn all_outputs(cfg: &ModelConfig) -> Vec<OutputSpec> {
-    cfg.output
-        .iter()
-        .map(|o| OutputSpec {
-            name: o.name.clone(),
-            ..Default::default()
-        })
-        .collect()
-}
-
 /// An encoded response body and, when it carries binary data, the JSON header length.
 pub struct Encoded {
     /// The body.
@@ -629,29 +393,34 @@ pub struct Encoded {
     pub header_len: Option<usize>,
 }
 
-/// Builds the response: requested outputs (or all, in config order), classification applied,
-/// binary or JSON per output.
-pub fn encode(
-    resp: InferResponse,
-    dec: &Decoded,
-    cfg: &ModelConfig,
+/// Builds the response body: each answered output binary or JSON, as its request asked.
+pub fn encode(answer: &Answer) -> Encoded {
+    encode_parts(
+        &answer.model.name,
+        answer.model.version,
+        &answer.id,
+        &answer.outputs,
+        answer.binary_default,
+    )
+}
+
+/// [`encode`] from its parts.
+pub fn encode_parts(
+    model: &str,
     version: u64,
-    labels: &dyn Fn(&str) -> Option<std::sync::Arc<Vec<String>>>,
-) -> Result<Encoded> {
-    let wanted: Vec<OutputSpec> = if dec.outputs.is_empty() {
-        all_outputs(cfg)
-    } else {
-        dec.outputs.clone()
-    };
-    let tensors = select_outputs(resp, &wanted, cfg, labels)?;
-    let mut json_outputs = Vec::with_capacity(wanted.len());
+    id: &str,
+    outputs: &[(OutputSpec, Tensor)],
+    binary_default: bool,
+) -> Encoded {
+    let binary_of = |spec: &OutputSpec| spec.binary.unwrap_or(binary_default);
+    let mut json_outputs = Vec::with_capacity(outputs.len());
     let mut binary = BytesMut::new();
-    for (spec, t) in wanted.iter().zip(&tensors) {
+    for (spec, t) in outputs {
         let mut o = Map::new();
         o.insert("name".into(), Value::from(t.name.clone()));
         o.insert("datatype".into(), Value::from(t.datatype.as_str()));
         o.insert("shape".into(), Value::from(t.shape.clone()));
-        if spec.binary.unwrap_or(dec.binary_default) {
+        if binary_of(spec) {
             let mut p = Map::new();
             p.insert("binary_data_size".into(), Value::from(t.data.len()));
             o.insert("parameters".into(), Value::Object(p));
@@ -662,31 +431,27 @@ pub fn encode(
         json_outputs.push(Value::Object(o));
     }
     let mut root = Map::new();
-    root.insert("model_name".into(), Value::from(cfg.name.clone()));
+    root.insert("model_name".into(), Value::from(model));
     root.insert("model_version".into(), Value::from(version.to_string()));
-    if !dec.request.id.is_empty() {
-        root.insert("id".into(), Value::from(dec.request.id.clone()));
+    if !id.is_empty() {
+        root.insert("id".into(), Value::from(id));
     }
     root.insert("outputs".into(), Value::Array(json_outputs));
     let json = serde_json::to_vec(&Value::Object(root)).expect("JSON values serialize");
-    if binary.is_empty()
-        && !wanted
-            .iter()
-            .any(|s| s.binary.unwrap_or(dec.binary_default))
-    {
-        return Ok(Encoded {
+    if !outputs.iter().any(|(spec, _)| binary_of(spec)) {
+        return Encoded {
             body: json.into(),
             header_len: None,
-        });
+        };
     }
     let header_len = json.len();
     let mut body = BytesMut::with_capacity(header_len + binary.len());
     body.put_slice(&json);
     body.put_slice(&binary);
-    Ok(Encoded {
+    Encoded {
         body: body.freeze(),
         header_len: Some(header_len),
-    })
+    }
 }
 
 #[cfg(test)]

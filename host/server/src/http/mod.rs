@@ -1,9 +1,14 @@
 //! The HTTP/REST front end: every KServe v2 route this server supports, dispatched from the
 //! path as Triton's `http_server.cc` does (model names may hold any character but `/`).
 //!
-//! Request flow for `POST /v2/models/{m}[/versions/{v}]/infer`: read the body (bounded by
-//! `--http-max-input-size`, gzip/deflate decoded), resolve the model version, decode and
-//! validate ([`codec::decode`]), await the scheduler, encode ([`codec::encode`]).
+//! A thin codec over the [`Service`]: each route parses its request, calls the service and
+//! encodes the answer; errors become statuses in [`error::status`].
+//!
+//! Request flow for `POST /v2/models/{m}[/versions/{v}]/infer`: check the restricted groups,
+//! read the body (bounded by `--http-max-input-size` and `--http-body-timeout-secs`,
+//! gzip/deflate decoded), charge the decode budget, resolve the model version, decode
+//! ([`codec::decode`]), [`Service::infer`] (validate, cache, schedule, select outputs), encode
+//! ([`codec::encode`]).
 
 pub mod codec;
 pub mod error;
@@ -18,34 +23,22 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use wisp_core::config::config_to_json;
-use wisp_core::{DataType, Error};
+use wisp_core::Error;
 
-use crate::cache::ResponseCache;
 use crate::metrics::Metrics;
-use crate::registry::{ModelEntry, ModelVersion, Registry, VersionState};
+use crate::registry::Registry;
+use crate::service::control::LoadRequest;
+use crate::service::query::{Duration, TensorMetadata, VersionStats};
+use crate::service::Service;
 use error::ApiError;
-use wisp_scheduler::{DurationStat, FailReason};
 
 /// The header carrying the JSON length when binary tensor data follows it.
 pub const HEADER_LEN: &str = "inference-header-content-length";
 
-/// Extensions this server implements (reported by `GET /v2`).
-pub const EXTENSIONS: &[&str] = &[
-    "classification",
-    "binary_tensor_data",
-    "model_configuration",
-    "parameters",
-    "schedule_policy",
-    "statistics",
-    "model_repository",
-    "model_repository(unload_dependents)",
-    "logging",
-];
-
 /// Shared state of the HTTP front end.
 pub struct AppState {
-    /// Loaded models.
-    pub registry: Arc<Registry>,
+    /// The service every route calls.
+    pub service: Arc<Service>,
     /// Largest accepted body (after decompression).
     pub max_input_size: usize,
     /// How long a client has to send a whole body (`--http-body-timeout-secs`).
@@ -53,17 +46,6 @@ pub struct AppState {
     /// The in-flight decode budget, in KiB (`--max-inflight-bytes`): every infer request holds
     /// an estimate of its decoding memory from its body until its response is built.
     pub budget: Arc<tokio::sync::Semaphore>,
-    /// Ready only if every model is ready.
-    pub strict_readiness: bool,
-    /// The response cache (`--cache-config`), if any.
-    pub cache: Option<Arc<ResponseCache>>,
-    /// Model control mode (load/unload allowed only in explicit mode).
-    pub control_mode: crate::settings::ControlMode,
-    /// Logging settings (logging extension).
-    pub logging: crate::logging::LogControl,
-    /// Requests of one gRPC `ModelStreamInfer` stream in flight at once
-    /// (`--grpc-stream-max-in-flight`).
-    pub grpc_stream_in_flight: usize,
     /// API groups gated behind a header (`--http-restricted-api`).
     pub restricted: crate::restricted::Restrictions,
 }
@@ -91,12 +73,16 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
         }
     }
     let result = match (segs.as_slice(), &method) {
-        (["v2"], &Method::GET) => Ok(server_metadata()),
+        (["v2"], &Method::GET) => Ok(server_metadata(&app)),
         (["v2", "health", "live"], &Method::GET) => Ok(StatusCode::OK.into_response()),
         (["v2", "health", "ready"], &Method::GET) => Ok(server_ready(&app)),
-        (["v2", "models", "stats"], &Method::GET) => Ok(stats(&app, None, None)),
+        (["v2", "models", "stats"], &Method::GET) => stats(&app, None, None),
         (["v2", "repository", rest @ ..], &Method::POST) => repository(&app, rest, req).await,
-        (["v2", "logging"], &Method::GET) => Ok(json_response(app.logging.get().to_json())),
+        (["v2", "logging"], &Method::GET) => app
+            .service
+            .log_settings(&Default::default())
+            .map(|s| json_response(s.to_json()))
+            .map_err(ApiError),
         (["v2", "logging"], &Method::POST) => logging_update(&app, req).await,
         (["v2", "models", rest @ ..], _) if !rest.is_empty() => {
             model_route(&app, rest, &method, req).await
@@ -121,13 +107,7 @@ async fn model_route(app: &AppState, rest: &[&str], method: &Method, req: Reques
         (None, &Method::GET) => model_metadata(app, model, version),
         (Some("ready"), &Method::GET) => Ok(model_ready(app, model, version)),
         (Some("config"), &Method::GET) => model_config(app, model, version),
-        (Some("stats"), &Method::GET) => {
-            app.registry.entry(model)?;
-            if let Some(v) = version {
-                app.registry.get(model, Some(v))?;
-            }
-            Ok(stats(app, Some(model), version))
-        }
+        (Some("stats"), &Method::GET) => stats(app, Some(model), version),
         (Some("infer"), &Method::POST) => infer(app, model, version, req).await,
         (Some("ready" | "config" | "stats"), _) | (None, _) => {
             Ok(method_not_allowed(method, "GET"))
@@ -150,17 +130,17 @@ fn json_response(v: Value) -> Response {
     axum::Json(v).into_response()
 }
 
-fn server_metadata() -> Response {
+fn server_metadata(app: &AppState) -> Response {
+    let m = app.service.server_metadata();
     json_response(json!({
-        "name": "wisp",
-        "version": env!("CARGO_PKG_VERSION"),
-        "extensions": EXTENSIONS,
+        "name": m.name,
+        "version": m.version,
+        "extensions": m.extensions,
     }))
 }
 
 fn server_ready(app: &AppState) -> Response {
-    let ready = !app.strict_readiness || app.registry.all_ready();
-    if ready {
+    if app.service.server_ready() {
         StatusCode::OK.into_response()
     } else {
         StatusCode::SERVICE_UNAVAILABLE.into_response()
@@ -168,53 +148,32 @@ fn server_ready(app: &AppState) -> Response {
 }
 
 fn model_ready(app: &AppState, model: &str, version: Option<&str>) -> Response {
-    match app.registry.check_ready(model, version) {
-        Ok(_) => StatusCode::OK.into_response(),
-        Err(e) if e.kind() == wisp_core::ErrorKind::NotFound => ApiError(e).into_response(),
-        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    match app.service.model_ready(model, version) {
+        Ok(true) => StatusCode::OK.into_response(),
+        Ok(false) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        Err(e) => ApiError(e).into_response(),
     }
 }
 
-fn tensor_meta(name: &str, data_type: &str, dims: &[i64], batches: bool) -> Value {
-    let dt = DataType::from_config_name(data_type).map_or("INVALID", |d| d.as_str());
-    let shape: Vec<i64> = if batches {
-        std::iter::once(-1).chain(dims.iter().copied()).collect()
-    } else {
-        dims.to_vec()
-    };
-    json!({ "name": name, "datatype": dt, "shape": shape })
-}
-
-fn ready_versions(entry: &ModelEntry) -> Vec<String> {
-    entry
-        .versions
-        .iter()
-        .filter(|(_, s)| matches!(s, VersionState::Ready(_)))
-        .map(|(v, _)| v.to_string())
-        .collect()
+fn tensor_json(t: &TensorMetadata) -> Value {
+    json!({ "name": t.name, "datatype": t.datatype, "shape": t.shape })
 }
 
 fn model_metadata(app: &AppState, model: &str, version: Option<&str>) -> ApiResult {
-    let m = app.registry.get(model, version)?;
-    let entry = app.registry.entry(model)?;
-    let cfg = &m.config;
-    let versions = match version {
-        Some(v) => vec![v.to_string()],
-        None => ready_versions(&entry),
-    };
+    let m = app.service.model_metadata(model, version)?;
     Ok(json_response(json!({
-        "name": cfg.name,
-        "versions": versions,
-        "platform": cfg.platform,
-        "inputs": cfg.input.iter().map(|i| tensor_meta(&i.name, &i.data_type, &i.dims, cfg.batches())).collect::<Vec<_>>(),
-        "outputs": cfg.output.iter().map(|o| tensor_meta(&o.name, &o.data_type, &o.dims, cfg.batches())).collect::<Vec<_>>(),
+        "name": m.name,
+        "versions": m.versions,
+        "platform": m.platform,
+        "inputs": m.inputs.iter().map(tensor_json).collect::<Vec<_>>(),
+        "outputs": m.outputs.iter().map(tensor_json).collect::<Vec<_>>(),
         "parameters": { "engine": m.engine },
     })))
 }
 
 fn model_config(app: &AppState, model: &str, version: Option<&str>) -> ApiResult {
-    let m = app.registry.get(model, version)?;
-    Ok(json_response(config_to_json(&m.config)))
+    let cfg = app.service.model_config(model, version)?;
+    Ok(json_response(config_to_json(&cfg)))
 }
 
 /// Reads the body within `app.body_timeout`, bounded by `app.max_input_size`; a compressed body
@@ -324,38 +283,8 @@ fn decode_cost_kib(body_len: usize, header_len: Option<usize>) -> u32 {
     u32::try_from(bytes / 1024 + 1).unwrap_or(u32::MAX)
 }
 
-/// Runs a validated request through the response cache (when the model enables it) and the
-/// model's scheduler. Shared by the HTTP and gRPC front ends.
-pub async fn run_infer(
-    app: &AppState,
-    m: &ModelVersion,
-    request: &wisp_core::InferRequest,
-) -> Result<wisp_core::InferResponse, Error> {
-    let received = std::time::Instant::now();
-    let cache = app
-        .cache
-        .as_ref()
-        .filter(|_| m.config.response_cache.as_ref().is_some_and(|c| c.enable));
-    let Some(cache) = cache else {
-        return m.infer(request.clone()).await;
-    };
-    let lookup = std::time::Instant::now();
-    let key = crate::cache::key(&m.name, m.version, request);
-    if let Some(hit) = cache.get(key) {
-        m.stats()
-            .record_cache_hit(lookup.elapsed(), received.elapsed());
-        return Ok((*hit).clone());
-    }
-    let miss = lookup.elapsed();
-    let r = m.infer(request.clone()).await?;
-    let insert = std::time::Instant::now();
-    cache.insert(key, Arc::new(r.clone()));
-    m.stats().cache_miss.add(miss + insert.elapsed());
-    Ok(r)
-}
-
 async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request) -> ApiResult {
-    let m = app.registry.get(model, version)?;
+    let m = app.service.model(model, version)?;
     let (parts, body) = req.into_parts();
     let header_len = match parts.headers.get(HEADER_LEN) {
         None => None,
@@ -385,17 +314,8 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
     } else {
         codec::decode(body, header_len, &m.config)
     };
-    let decoded = match decoded {
-        Ok(d) => d,
-        Err(e) => {
-            m.stats()
-                .record_failure(FailReason::Other, received.elapsed());
-            return Err(e.into());
-        }
-    };
-    let response = run_infer(app, &m, &decoded.request).await?;
-    let labels = |name: &str| m.labels.get(name).cloned();
-    let enc = codec::encode(response, &decoded, &m.config, m.version, &labels)?;
+    let answer = app.service.infer(m, decoded, received).await?;
+    let enc = codec::encode(&answer);
     let mut resp = Response::new(Body::from(enc.body));
     let h = resp.headers_mut();
     match enc.header_len {
@@ -416,19 +336,17 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
     Ok(resp)
 }
 
-fn stat_json(s: &DurationStat) -> Value {
-    let (count, ns) = s.get();
-    json!({ "count": count, "ns": ns })
+fn duration_json(d: Duration) -> Value {
+    json!({ "count": d.count, "ns": d.ns })
 }
 
-fn version_stats(m: &ModelVersion) -> Value {
-    let s = m.stats();
+fn version_stats_json(s: &VersionStats) -> Value {
     let batch: Vec<Value> = s
-        .batch_stats()
-        .into_iter()
-        .map(|(size, b)| {
+        .batches
+        .iter()
+        .map(|b| {
             json!({
-                "batch_size": size,
+                "batch_size": b.batch_size,
                 "compute_input": { "count": b.count, "ns": b.input_ns },
                 "compute_infer": { "count": b.count, "ns": b.infer_ns },
                 "compute_output": { "count": b.count, "ns": b.output_ns },
@@ -436,20 +354,20 @@ fn version_stats(m: &ModelVersion) -> Value {
         })
         .collect();
     json!({
-        "name": m.name,
-        "version": m.version.to_string(),
-        "last_inference": s.last_inference_ms(),
-        "inference_count": s.inference_count(),
-        "execution_count": s.execution_count(),
+        "name": s.name,
+        "version": s.version.to_string(),
+        "last_inference": s.last_inference,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
         "inference_stats": {
-            "success": stat_json(&s.success),
-            "fail": stat_json(&s.fail),
-            "queue": stat_json(&s.queue),
-            "compute_input": stat_json(&s.compute_input),
-            "compute_infer": stat_json(&s.compute_infer),
-            "compute_output": stat_json(&s.compute_output),
-            "cache_hit": stat_json(&s.cache_hit),
-            "cache_miss": stat_json(&s.cache_miss),
+            "success": duration_json(s.success),
+            "fail": duration_json(s.fail),
+            "queue": duration_json(s.queue),
+            "compute_input": duration_json(s.compute_input),
+            "compute_infer": duration_json(s.compute_infer),
+            "compute_output": duration_json(s.compute_output),
+            "cache_hit": duration_json(s.cache_hit),
+            "cache_miss": duration_json(s.cache_miss),
         },
         "response_stats": {},
         "batch_stats": batch,
@@ -458,22 +376,14 @@ fn version_stats(m: &ModelVersion) -> Value {
 }
 
 /// The statistics extension: every ready version of `model` (or of every model), or one.
-fn stats(app: &AppState, model: Option<&str>, version: Option<&str>) -> Response {
-    let mut out = Vec::new();
-    for (name, entry) in app.registry.models() {
-        if model.is_some_and(|m| m != name) {
-            continue;
-        }
-        for (v, state) in &entry.versions {
-            if version.is_some_and(|want| want.parse::<u64>().ok() != Some(*v)) {
-                continue;
-            }
-            if let VersionState::Ready(m) = state {
-                out.push(version_stats(m));
-            }
-        }
-    }
-    json_response(json!({ "model_stats": out }))
+fn stats(app: &AppState, model: Option<&str>, version: Option<&str>) -> ApiResult {
+    let out: Vec<Value> = app
+        .service
+        .statistics(model, version)?
+        .iter()
+        .map(version_stats_json)
+        .collect();
+    Ok(json_response(json!({ "model_stats": out })))
 }
 
 /// The metrics front end: `GET /metrics` in Prometheus text format.
@@ -510,7 +420,6 @@ async fn json_body(app: &AppState, req: Request) -> Result<serde_json::Map<Strin
 
 /// The model repository extension: index, load, unload.
 async fn repository(app: &AppState, rest: &[&str], req: Request) -> ApiResult {
-    let registry = app.registry.clone();
     match rest {
         ["index"] | [_, "index"] => {
             let body = json_body(app, req).await?;
@@ -519,7 +428,7 @@ async fn repository(app: &AppState, rest: &[&str], req: Request) -> ApiResult {
                 Some(Value::Bool(b)) => *b,
                 Some(_) => return Err(Error::invalid("'ready' must be a boolean").into()),
             };
-            let rows = registry.index(ready)?;
+            let rows = app.service.index(ready)?;
             let out: Vec<Value> = rows
                 .into_iter()
                 .map(|r| {
@@ -537,64 +446,57 @@ async fn repository(app: &AppState, rest: &[&str], req: Request) -> ApiResult {
                 .collect();
             Ok(json_response(Value::Array(out)))
         }
-        [_, "models", _, "load" | "unload"] => {
-            Err(Error::unsupported("'repository_name' specification is not supported").into())
-        }
         ["models", model, action @ ("load" | "unload")] => {
-            if app.control_mode != crate::settings::ControlMode::Explicit {
-                return Err(Error::unavailable(format!(
-                    "explicit model load / unload is not allowed in model control mode '{}' (start with --model-control-mode explicit)",
-                    format!("{:?}", app.control_mode).to_lowercase()
-                ))
-                .into());
-            }
-            let body = json_body(app, req).await?;
-            let params = match body.get("parameters") {
-                None | Some(Value::Null) => serde_json::Map::new(),
-                Some(Value::Object(p)) => p.clone(),
-                Some(_) => return Err(Error::invalid("'parameters' must be a JSON object").into()),
-            };
-            let model = model.to_string();
-            if *action == "load" {
-                if params.keys().any(|k| k.starts_with("file:")) {
-                    return Err(Error::unsupported(
-                        "loading model files from the request ('file:' parameters) is not supported",
-                    )
-                    .into());
-                }
-                let config = match params.get("config") {
-                    None | Some(Value::Null) => None,
-                    Some(Value::String(s)) => Some(s.clone()),
-                    Some(_) => {
-                        return Err(
-                            Error::invalid("parameter 'config' must be a JSON string").into()
-                        )
-                    }
-                };
-                tokio::task::spawn_blocking(move || registry.load(&model, config.as_deref()))
-                    .await
-                    .map_err(|_| Error::internal("model load panicked"))??;
-            } else {
-                if let Some(v) = params.get("unload_dependents") {
-                    if !v.is_boolean() {
-                        return Err(Error::invalid(
-                            "parameter 'unload_dependents' must be a boolean",
-                        )
-                        .into());
-                    }
-                }
-                tokio::task::spawn_blocking(move || registry.unload(&model))
-                    .await
-                    .map_err(|_| Error::internal("model unload panicked"))??;
-            }
-            Ok(StatusCode::OK.into_response())
+            control(app, "", model, action, req).await
+        }
+        [repository, "models", model, action @ ("load" | "unload")] => {
+            control(app, repository, model, action, req).await
         }
         _ => Err(Error::not_found("no such repository route").into()),
     }
 }
 
+/// `…/models/{m}/load` and `…/unload`: the parameters are parsed here, the policy is the
+/// service's.
+async fn control(
+    app: &AppState,
+    repository: &str,
+    model: &str,
+    action: &str,
+    req: Request,
+) -> ApiResult {
+    let body = json_body(app, req).await?;
+    let params = match body.get("parameters") {
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(Value::Object(p)) => p.clone(),
+        Some(_) => return Err(Error::invalid("'parameters' must be a JSON object").into()),
+    };
+    if action == "load" {
+        let config = match params.get("config") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(Error::invalid("parameter 'config' must be a string").into()),
+        };
+        let load = LoadRequest {
+            repository: repository.to_string(),
+            config,
+            has_files: params.keys().any(|k| k.starts_with("file:")),
+        };
+        app.service.load(model, load).await?;
+    } else {
+        if params
+            .get("unload_dependents")
+            .is_some_and(|v| !v.is_boolean())
+        {
+            return Err(Error::invalid("parameter 'unload_dependents' must be a boolean").into());
+        }
+        app.service.unload(model, repository).await?;
+    }
+    Ok(StatusCode::OK.into_response())
+}
+
 async fn logging_update(app: &AppState, req: Request) -> ApiResult {
     let body = json_body(app, req).await?;
-    let s = app.logging.update(&body)?;
+    let s = app.service.log_settings(&body)?;
     Ok(json_response(s.to_json()))
 }

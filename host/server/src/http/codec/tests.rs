@@ -20,11 +20,11 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// What the client is told: a decode error, or else the service's validation error.
 fn err(body: &str, header: Option<usize>) -> String {
-    decode(Bytes::from(body.to_string()), header, &cfg())
-        .unwrap_err()
-        .message()
-        .to_string()
+    let checked = decode(Bytes::from(body.to_string()), header, &cfg())
+        .and_then(|d| wisp_core::infer::validate(&d.request, &cfg()));
+    checked.unwrap_err().message().to_string()
 }
 
 #[test]
@@ -54,10 +54,7 @@ fn binary_round_trip() {
         f32_bytes(&[1., 2., 3., 4., 5., 6.]).into(),
     )
     .unwrap();
-    let enc = encode(InferResponse { outputs: vec![out] }, &d, &cfg(), 1, &|_| {
-        None
-    })
-    .unwrap();
+    let enc = encode_parts("m", 1, "", &[(d.outputs[0].clone(), out)], d.binary_default);
     let n = enc.header_len.unwrap();
     let head: Value = serde_json::from_slice(&enc.body[..n]).unwrap();
     assert_eq!(head["outputs"][0]["parameters"]["binary_data_size"], 24);
@@ -156,36 +153,6 @@ fn raw_binary_body() {
     assert!(d.binary_default);
     let e = decode(f32_bytes(&[1.0, 2.0, 3.0]).into(), Some(0), &cfg()).unwrap_err();
     assert!(e.message().contains("expected 8 bytes"), "{e}");
-}
-
-#[test]
-fn classification_top_k_with_labels() {
-    let t = Tensor::new(
-        "y",
-        DataType::Fp32,
-        vec![2, 3],
-        f32_bytes(&[0.1, 0.7, 0.2, 0.5, 0.1, 0.4]).into(),
-    )
-    .unwrap();
-    let labels = vec!["a".to_string(), "b".into(), "c".into()];
-    let c = classify(&t, 2, true, Some(&labels)).unwrap();
-    assert_eq!(c.shape, vec![2, 2]);
-    let items: Vec<String> = decode_bytes_elements(&c.data)
-        .unwrap()
-        .iter()
-        .map(|b| String::from_utf8(b.to_vec()).unwrap())
-        .collect();
-    assert_eq!(
-        items,
-        vec![
-            "0.700000:1:b",
-            "0.200000:2:c",
-            "0.500000:0:a",
-            "0.400000:2:c"
-        ]
-    );
-    let c = classify(&t, 10, true, None).unwrap();
-    assert_eq!(c.shape, vec![2, 3]);
 }
 
 /// A shape is the client's claim: nothing may be sized from it before the data backs it up.

@@ -1,0 +1,290 @@
+//! Inference, whatever the protocol: a front end decodes its wire format into [`Decoded`] for a
+//! model it resolved with [`Service::model`], and [`Service::infer`] does the rest — validate
+//! against the model's signature, the response cache, the scheduler, output selection and the
+//! classification extension — then hands back an [`Answer`] for the front end to encode.
+//!
+//! This is the one place front-end failures are written into a model's statistics: a request
+//! that fails to decode or validate counts as a failure with the time since it was received,
+//! whichever protocol carried it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use wisp_core::config::ModelConfig;
+use wisp_core::tensor::encode_bytes_elements;
+use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
+use wisp_scheduler::FailReason;
+
+use super::Service;
+use crate::registry::ModelVersion;
+
+/// The largest `classification` count a request may ask for (each class becomes a string).
+pub const MAX_CLASSIFICATION: u64 = 10_000;
+
+/// What the client asked of one output.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutputSpec {
+    /// Output name.
+    pub name: String,
+    /// `parameters.binary_data`, if given.
+    pub binary: Option<bool>,
+    /// `parameters.classification`: top-N classes instead of raw values.
+    pub classification: Option<usize>,
+}
+
+/// A request as a front end decoded it, before validation.
+#[derive(Debug)]
+pub struct Decoded {
+    /// The request for the scheduler.
+    pub request: InferRequest,
+    /// Requested outputs (empty: all, in config order).
+    pub outputs: Vec<OutputSpec>,
+    /// Request-level `binary_data_output` (or a raw binary request); HTTP only.
+    pub binary_default: bool,
+}
+
+/// What a request produced: the version that ran it and the tensors to return, in the order
+/// the client asked for them (config order when it named none).
+pub struct Answer {
+    /// The model version that served the request.
+    pub model: Arc<ModelVersion>,
+    /// The request's id, echoed.
+    pub id: String,
+    /// Each requested output with the tensor to return (classification applied).
+    pub outputs: Vec<(OutputSpec, Tensor)>,
+    /// Request-level `binary_data_output`; HTTP only.
+    pub binary_default: bool,
+}
+
+impl Service {
+    /// The ready version of `model` that serves a request (`version`: `None` for the policy's
+    /// latest).
+    pub fn model(&self, model: &str, version: Option<&str>) -> Result<Arc<ModelVersion>> {
+        self.registry.get(model, version)
+    }
+
+    /// Validates `decoded` against `m`'s signature, runs it (through the response cache when
+    /// the model enables it) and selects its outputs. `received` is when the front end got the
+    /// request: decode and validation failures are recorded with the time since then.
+    pub async fn infer(
+        &self,
+        m: Arc<ModelVersion>,
+        decoded: Result<Decoded>,
+        received: Instant,
+    ) -> Result<Answer> {
+        let checked =
+            decoded.and_then(|d| wisp_core::infer::validate(&d.request, &m.config).map(|()| d));
+        let Decoded {
+            request,
+            outputs,
+            binary_default,
+        } = match checked {
+            Ok(d) => d,
+            Err(e) => {
+                m.stats()
+                    .record_failure(FailReason::Other, received.elapsed());
+                return Err(e);
+            }
+        };
+        let id = request.id.clone();
+        let response = self.run(&m, request).await?;
+        let wanted = if outputs.is_empty() {
+            all_outputs(&m.config)
+        } else {
+            outputs
+        };
+        let labels = |name: &str| m.labels.get(name).cloned();
+        let tensors = select_outputs(response, &wanted, &m.config, &labels)?;
+        Ok(Answer {
+            id,
+            outputs: wanted.into_iter().zip(tensors).collect(),
+            binary_default,
+            model: m,
+        })
+    }
+
+    /// Runs a validated request through the response cache (when the model enables it) and the
+    /// model's scheduler. Without the cache the request moves to the scheduler uncopied.
+    async fn run(&self, m: &ModelVersion, request: InferRequest) -> Result<InferResponse> {
+        let started = Instant::now();
+        let cache = self
+            .cache
+            .as_ref()
+            .filter(|_| m.config.response_cache.as_ref().is_some_and(|c| c.enable));
+        let Some(cache) = cache else {
+            return m.infer(request).await;
+        };
+        let lookup = Instant::now();
+        let key = crate::cache::key(&m.name, m.version, &request);
+        if let Some(hit) = cache.get(key) {
+            m.stats()
+                .record_cache_hit(lookup.elapsed(), started.elapsed());
+            return Ok((*hit).clone());
+        }
+        let miss = lookup.elapsed();
+        let r = m.infer(request).await?;
+        let insert = Instant::now();
+        cache.insert(key, Arc::new(r.clone()));
+        m.stats().cache_miss.add(miss + insert.elapsed());
+        Ok(r)
+    }
+}
+
+/// Elements of a tensor as f64 (for classification), `None` for BYTES.
+fn as_f64s(t: &Tensor) -> Option<Vec<f64>> {
+    let d = &t.data;
+    macro_rules! conv {
+        ($t:ty, $n:expr) => {
+            d.chunks_exact($n)
+                .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk")) as f64)
+                .collect()
+        };
+    }
+    Some(match t.datatype {
+        DataType::Bool | DataType::Uint8 => d.iter().map(|&b| b as f64).collect(),
+        DataType::Int8 => d.iter().map(|&b| b as i8 as f64).collect(),
+        DataType::Uint16 => conv!(u16, 2),
+        DataType::Int16 => conv!(i16, 2),
+        DataType::Uint32 => conv!(u32, 4),
+        DataType::Int32 => conv!(i32, 4),
+        DataType::Uint64 => conv!(u64, 8),
+        DataType::Int64 => conv!(i64, 8),
+        DataType::Fp32 => conv!(f32, 4),
+        DataType::Fp64 => conv!(f64, 8),
+        DataType::Fp16 => d
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+        DataType::Bf16 => d
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+        DataType::Bytes => return None,
+    })
+}
+
+/// The classification extension: top-`n` of each batch row as `"<value>:<index>[:<label>]"`.
+pub fn classify(t: &Tensor, n: usize, batched: bool, labels: Option<&[String]>) -> Result<Tensor> {
+    let values = as_f64s(t).ok_or_else(|| {
+        Error::invalid(format!(
+            "output '{}': classification needs a numeric output, it is BYTES",
+            t.name
+        ))
+    })?;
+    let rows = if batched {
+        t.shape.first().copied().unwrap_or(1).max(0) as usize
+    } else {
+        1
+    };
+    let per_row = values.len().checked_div(rows).unwrap_or(0);
+    let k = n.min(per_row);
+    let is_float = matches!(
+        t.datatype,
+        DataType::Fp16 | DataType::Bf16 | DataType::Fp32 | DataType::Fp64
+    );
+    let mut items = Vec::with_capacity(rows * k);
+    for r in 0..rows {
+        let row = &values[r * per_row..(r + 1) * per_row];
+        let mut idx: Vec<usize> = (0..row.len()).collect();
+        idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        for &i in idx.iter().take(k) {
+            let value = if is_float {
+                format!("{:.6}", row[i])
+            } else {
+                format!("{}", row[i] as i64)
+            };
+            items.push(match labels.and_then(|l| l.get(i)) {
+                Some(label) => format!("{value}:{i}:{label}"),
+                None => format!("{value}:{i}"),
+            });
+        }
+    }
+    let shape = if batched {
+        vec![rows as i64, k as i64]
+    } else {
+        vec![k as i64]
+    };
+    Tensor::new(
+        t.name.clone(),
+        DataType::Bytes,
+        shape,
+        encode_bytes_elements(items).into(),
+    )
+}
+
+/// The tensors to return, in `wanted` order, with the classification extension applied.
+pub fn select_outputs(
+    resp: InferResponse,
+    wanted: &[OutputSpec],
+    cfg: &ModelConfig,
+    labels: &dyn Fn(&str) -> Option<std::sync::Arc<Vec<String>>>,
+) -> Result<Vec<Tensor>> {
+    let mut out = Vec::with_capacity(wanted.len());
+    for spec in wanted {
+        let Some(t) = resp.outputs.iter().find(|t| t.name == spec.name) else {
+            return Err(Error::internal(format!(
+                "model '{}' did not produce output '{}'",
+                cfg.name, spec.name
+            )));
+        };
+        out.push(match spec.classification {
+            Some(n) => {
+                let l = labels(&spec.name);
+                classify(t, n, cfg.batches(), l.as_deref().map(|v| v.as_slice()))?
+            }
+            None => t.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// Every output of the model, in config order, when the client named none.
+pub fn all_outputs(cfg: &ModelConfig) -> Vec<OutputSpec> {
+    cfg.output
+        .iter()
+        .map(|o| OutputSpec {
+            name: o.name.clone(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wisp_core::tensor::decode_bytes_elements;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn classification_top_k_with_labels() {
+        let t = Tensor::new(
+            "y",
+            DataType::Fp32,
+            vec![2, 3],
+            f32_bytes(&[0.1, 0.7, 0.2, 0.5, 0.1, 0.4]).into(),
+        )
+        .unwrap();
+        let labels = vec!["a".to_string(), "b".into(), "c".into()];
+        let c = classify(&t, 2, true, Some(&labels)).unwrap();
+        assert_eq!(c.shape, vec![2, 2]);
+        let items: Vec<String> = decode_bytes_elements(&c.data)
+            .unwrap()
+            .iter()
+            .map(|b| String::from_utf8(b.to_vec()).unwrap())
+            .collect();
+        assert_eq!(
+            items,
+            vec![
+                "0.700000:1:b",
+                "0.200000:2:c",
+                "0.500000:0:a",
+                "0.400000:2:c"
+            ]
+        );
+        let c = classify(&t, 10, true, None).unwrap();
+        assert_eq!(c.shape, vec![2, 3]);
+    }
+}

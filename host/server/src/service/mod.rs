@@ -1,0 +1,53 @@
+//! The protocol-neutral service layer: what Triton's in-process C API is to its front ends.
+//!
+//! HTTP ([`crate::http`]) and gRPC ([`crate::grpc`]) are codecs over one [`Service`]: they parse
+//! their wire format, call it, and encode what it returns, each mapping errors to statuses in
+//! one table. Everything a protocol does not dictate lives here, once, so the two give identical
+//! answers to identical questions:
+//!
+//! - [`infer`]: resolve → validate → cache → schedule → select outputs / classify; the one
+//!   writer of front-end failures into statistics.
+//! - [`query`]: server and model metadata, readiness, configs, statistics and the repository
+//!   index, as plain structs.
+//! - [`control`]: model load and unload with the control-mode and override policy, and log
+//!   settings.
+
+pub mod control;
+pub mod infer;
+pub mod query;
+
+use std::sync::Arc;
+
+use crate::cache::ResponseCache;
+use crate::logging::LogControl;
+use crate::registry::Registry;
+use crate::settings::ControlMode;
+
+pub use infer::{Answer, Decoded, OutputSpec, MAX_CLASSIFICATION};
+
+/// Extensions this server implements (reported by server metadata on both protocols).
+pub const EXTENSIONS: &[&str] = &[
+    "classification",
+    "binary_tensor_data",
+    "model_configuration",
+    "parameters",
+    "schedule_policy",
+    "statistics",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "logging",
+];
+
+/// The service every front end calls.
+pub struct Service {
+    /// Loaded models.
+    pub registry: Arc<Registry>,
+    /// The response cache (`--cache-config`), if any.
+    pub cache: Option<Arc<ResponseCache>>,
+    /// Ready only if every model is ready (`--strict-readiness`).
+    pub strict_readiness: bool,
+    /// Model control mode (load/unload allowed only in explicit mode).
+    pub control_mode: ControlMode,
+    /// Logging settings (logging extension).
+    pub logging: LogControl,
+}
