@@ -11,7 +11,7 @@ use wisp_server::grpc::pb;
 use wisp_server::settings::{ControlMode, OnnxEngine};
 use wisp_tests::{add_plugin_model, config_param, copy_dir, fixture_repo, Client, GrpcClient};
 
-use crate::common::start_with;
+use crate::common::{free_port, peak_rss_bytes, start_with, Child};
 
 fn add_sub_request() -> Value {
     json!({
@@ -515,4 +515,84 @@ async fn slow_idle_and_excess_connections_are_cut_off() {
     assert_eq!(c.get("/v2/health/live").await.unwrap().status, 200);
     still_serves(&mut c).await;
     server.shutdown().await.unwrap();
+}
+
+/// The real `wisp` program in its own process, so its memory is its own: a 60 MB JSON array
+/// (sent gzip'd, about 60 KB on the wire) once cost 1.3 GB of RSS before its 400 came back. Now
+/// `data` goes straight from text to typed bytes and stops at the shape's count, so the peak
+/// grows by a small multiple of the body at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compression_bomb_costs_memory_in_proportion_to_its_body() {
+    let port = free_port();
+    let child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_wisp-test-serve"))
+            .args(["serve", "--model-repository"])
+            .arg(fixture_repo())
+            .args(["--http-address", "127.0.0.1", "--onnx-engine", "tract"])
+            .args(["--http-port", &port.to_string()])
+            .args(["--grpc-port", &free_port().to_string()])
+            .args([
+                "--metrics-port",
+                &free_port().to_string(),
+                "--log-info",
+                "false",
+            ])
+            .spawn()
+            .expect("wisp-test-serve starts"),
+    );
+    let pid = child.0.id();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut c = loop {
+        if let Ok(c) = Client::connect(addr).await {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "server did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    still_serves(&mut c).await;
+    let before = peak_rss_bytes(pid);
+    let mut json =
+        String::from(r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,16],"data":["#);
+    let body_len = 60 << 20;
+    while json.len() < body_len {
+        json.push_str("1,");
+    }
+    json.push_str(r#"1]},{"name":"INPUT1","datatype":"FP32","shape":[1,16],"data":[1]}]}"#);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut gz, json.as_bytes()).unwrap();
+    let gz = gz.finish().unwrap();
+    assert!(
+        gz.len() < 1 << 20,
+        "the bomb is small on the wire: {}",
+        gz.len()
+    );
+    let r = c
+        .send(
+            "POST",
+            "/v2/models/add_sub/infer",
+            &[("content-encoding", "gzip".into())],
+            gz,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("more elements than the shape"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let grew = peak_rss_bytes(pid).saturating_sub(before);
+    eprintln!(
+        "peak RSS grew by {} MB for a {} MB body",
+        grew >> 20,
+        json.len() >> 20
+    );
+    assert!(
+        grew < 4 * json.len() as u64,
+        "peak RSS grew by {grew} bytes for a {} byte body",
+        json.len()
+    );
+    still_serves(&mut c).await;
+    drop(child);
 }

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use wisp_server::settings::{ControlMode, OnnxEngine};
 use wisp_tests::{copy_dir, fixture_repo, workspace_root, Client};
 
-use crate::common::start_with;
+use crate::common::{free_port, rss_bytes, start_with, Child};
 
 fn add_sub_request() -> Value {
     json!({
@@ -335,29 +335,6 @@ async fn poll_mode_follows_the_repository_despite_a_broken_model() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     server.shutdown().await.unwrap();
-}
-
-fn rss_bytes(pid: u32) -> u64 {
-    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap();
-    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Kills the server process when the test ends, however it ends.
-struct Child(std::process::Child);
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The real `wisp` program in its own process (so its memory is its own), cycled through

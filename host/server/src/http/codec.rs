@@ -15,6 +15,16 @@ use wisp_core::{DataType, Error, InferRequest, Result, Tensor};
 
 pub use crate::service::{Answer, Decoded, OutputSpec, MAX_CLASSIFICATION};
 
+mod json_data;
+
+/// A JSON object whose values are left as raw text (borrowed from the body) until needed.
+type RawMap<'a> = std::collections::BTreeMap<String, &'a serde_json::value::RawValue>;
+
+/// A small JSON value (a name, a shape, parameters) out of its raw text.
+fn small(raw: &serde_json::value::RawValue) -> Value {
+    serde_json::from_str(raw.get()).unwrap_or(Value::Null)
+}
+
 fn obj<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
     v.as_object()
         .ok_or_else(|| Error::invalid(format!("{what} must be a JSON object")))
@@ -33,9 +43,17 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
         Some(n) => (body.slice(..n), body.slice(n..)),
         None => (body, Bytes::new()),
     };
-    let v: Value = serde_json::from_slice(&json)
-        .map_err(|e| Error::invalid(format!("malformed JSON in request body: {e}")))?;
-    let root = obj(&v, "the request")?;
+    // Only the outline is parsed here: tensor data stays raw text until its datatype is known,
+    // then goes straight to bytes (json_data), never through a `Value` tree.
+    let root_raw: RawMap = serde_json::from_slice(&json).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => Error::invalid("the request must be a JSON object"),
+        _ => Error::invalid(format!("malformed JSON in request body: {e}")),
+    })?;
+    let root: Map<String, Value> = root_raw
+        .iter()
+        .filter(|(k, _)| k.as_str() != "inputs")
+        .map(|(k, raw)| (k.clone(), small(raw)))
+        .collect();
     let id = match root.get("id") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
@@ -54,14 +72,16 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
             ))
         }
     };
-    let inputs_v = root
+    let inputs_raw = root_raw
         .get("inputs")
-        .ok_or_else(|| Error::invalid("the request has no 'inputs'"))?
-        .as_array()
-        .ok_or_else(|| Error::invalid("'inputs' must be an array"))?;
+        .ok_or_else(|| Error::invalid("the request has no 'inputs'"))?;
+    let inputs_v: Vec<&serde_json::value::RawValue> = serde_json::from_str(inputs_raw.get())
+        .map_err(|_| Error::invalid("'inputs' must be an array"))?;
     let mut inputs = Vec::with_capacity(inputs_v.len());
     for (i, input) in inputs_v.iter().enumerate() {
-        inputs.push(decode_input(i, input, &mut binary, cfg)?);
+        let o: RawMap = serde_json::from_str(input.get())
+            .map_err(|_| Error::invalid(format!("inputs[{i}] must be a JSON object")))?;
+        inputs.push(decode_input(i, &o, &mut binary, cfg)?);
     }
     if !binary.is_empty() {
         return Err(Error::invalid(format!(
@@ -94,8 +114,13 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
     })
 }
 
-fn decode_input(i: usize, v: &Value, binary: &mut Bytes, cfg: &ModelConfig) -> Result<Tensor> {
-    let o = obj(v, &format!("inputs[{i}]"))?;
+fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, cfg: &ModelConfig) -> Result<Tensor> {
+    let data_raw = raw.get("data").copied();
+    let o: Map<String, Value> = raw
+        .iter()
+        .filter(|(k, _)| k.as_str() != "data")
+        .map(|(k, v)| (k.clone(), small(v)))
+        .collect();
     let name = o
         .get("name")
         .and_then(Value::as_str)
@@ -143,7 +168,7 @@ fn decode_input(i: usize, v: &Value, binary: &mut Bytes, cfg: &ModelConfig) -> R
             "input '{name}': shared memory is not supported"
         )));
     }
-    let data: Bytes = match (binary_size, o.get("data")) {
+    let data: Bytes = match (binary_size, data_raw) {
         (Some(_), Some(_)) => {
             return Err(at("has both 'data' and 'binary_data_size'".into()));
         }
@@ -156,7 +181,7 @@ fn decode_input(i: usize, v: &Value, binary: &mut Bytes, cfg: &ModelConfig) -> R
             }
             binary.split_to(n)
         }
-        (None, Some(d)) => json_to_bytes(datatype, d, count)
+        (None, Some(d)) => json_data::decode(datatype, d.get(), count)
             .map_err(|e| at(e.message().to_string()))?
             .into(),
         (None, None) => return Err(at("has neither 'data' nor 'binary_data_size'".into())),
@@ -256,87 +281,6 @@ fn decode_raw(body: Bytes, cfg: &ModelConfig) -> Result<Decoded> {
         outputs: Vec::new(),
         binary_default: true,
     })
-}
-
-/// JSON `data` (flat or nested) → little-endian bytes, checking the element count.
-///
-/// `count` comes from the client's `shape` and is not trusted: nothing is sized from it. The
-/// elements actually present are gathered first, and buffers are sized from those once the two
-/// agree, so a request's memory follows its real size.
-fn json_to_bytes(dt: DataType, data: &Value, count: usize) -> Result<Vec<u8>> {
-    let mut flat = Vec::new();
-    flatten(data, &mut flat, 0)?;
-    if flat.len() != count {
-        return Err(Error::invalid(format!(
-            "'data' has {} elements but the shape needs {count}",
-            flat.len()
-        )));
-    }
-    let mut out = Vec::with_capacity(flat.len() * dt.size().unwrap_or(8));
-    let bad =
-        |i: usize, v: &Value| Error::invalid(format!("data[{i}] = {v} is not a valid {dt} value"));
-    macro_rules! ints {
-        ($t:ty) => {
-            for (i, v) in flat.iter().enumerate() {
-                let x: $t = v
-                    .as_i64()
-                    .and_then(|n| <$t>::try_from(n).ok())
-                    .or_else(|| v.as_u64().and_then(|n| <$t>::try_from(n).ok()))
-                    .ok_or_else(|| bad(i, v))?;
-                out.extend_from_slice(&x.to_le_bytes());
-            }
-        };
-    }
-    match dt {
-        DataType::Bool => {
-            for (i, v) in flat.iter().enumerate() {
-                out.push(v.as_bool().ok_or_else(|| bad(i, v))? as u8);
-            }
-        }
-        DataType::Uint8 => ints!(u8),
-        DataType::Uint16 => ints!(u16),
-        DataType::Uint32 => ints!(u32),
-        DataType::Uint64 => ints!(u64),
-        DataType::Int8 => ints!(i8),
-        DataType::Int16 => ints!(i16),
-        DataType::Int32 => ints!(i32),
-        DataType::Int64 => ints!(i64),
-        DataType::Fp16 | DataType::Bf16 | DataType::Fp32 | DataType::Fp64 => {
-            for (i, v) in flat.iter().enumerate() {
-                let x = v.as_f64().ok_or_else(|| bad(i, v))?;
-                match dt {
-                    DataType::Fp16 => out.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
-                    DataType::Bf16 => out.extend_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
-                    DataType::Fp32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
-                    _ => out.extend_from_slice(&x.to_le_bytes()),
-                }
-            }
-        }
-        DataType::Bytes => {
-            let strs = flat
-                .iter()
-                .enumerate()
-                .map(|(i, v)| v.as_str().ok_or_else(|| bad(i, v)))
-                .collect::<Result<Vec<_>>>()?;
-            out = encode_bytes_elements(strs);
-        }
-    }
-    Ok(out)
-}
-
-fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>, depth: usize) -> Result<()> {
-    if depth > 64 {
-        return Err(Error::invalid("'data' is nested too deeply"));
-    }
-    match v {
-        Value::Array(a) => {
-            for x in a {
-                flatten(x, out, depth + 1)?;
-            }
-        }
-        other => out.push(other),
-    }
-    Ok(())
 }
 
 /// Tensor bytes → flat JSON array.

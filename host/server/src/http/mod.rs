@@ -274,12 +274,12 @@ async fn read_raw(headers: &HeaderMap, body: Body, limit: usize) -> Result<Raw, 
 /// so that a few large requests cannot stall health checks.
 const INLINE_DECODE_BYTES: usize = 64 * 1024;
 
-/// What decoding a body may cost in memory, in KiB, charged against the in-flight budget. A
-/// JSON header becomes a `serde_json::Value` tree (up to about 16 bytes of tree per byte of
-/// text for dense numeric arrays, plus the typed tensor); binary data is sliced without copies.
+/// What a body may cost in memory while its request runs, in KiB, charged against the
+/// in-flight budget: the body itself, plus for its JSON part the tensors decoded from it (at
+/// most 4 bytes per byte of text: FP64 from `1,`); binary data is sliced without copies.
 fn decode_cost_kib(body_len: usize, header_len: Option<usize>) -> u32 {
     let json = header_len.map_or(body_len, |n| n.min(body_len));
-    let bytes = (json as u64) * 16 + (body_len - json) as u64;
+    let bytes = (json as u64) * 5 + (body_len - json) as u64;
     u32::try_from(bytes / 1024 + 1).unwrap_or(u32::MAX)
 }
 

@@ -136,13 +136,13 @@ fn validation_names_the_field() {
 
 #[test]
 fn int_ranges_are_checked() {
-    let e = json_to_bytes(DataType::Uint8, &serde_json::json!([256]), 1).unwrap_err();
+    let e = json_data::decode(DataType::Uint8, "[256]", 1).unwrap_err();
     assert!(e.message().contains("not a valid UINT8"));
-    let b = json_to_bytes(DataType::Int64, &serde_json::json!([-5]), 1).unwrap();
+    let b = json_data::decode(DataType::Int64, "[-5]", 1).unwrap();
     assert_eq!(b, (-5i64).to_le_bytes());
-    let b = json_to_bytes(DataType::Bool, &serde_json::json!([true, false]), 2).unwrap();
+    let b = json_data::decode(DataType::Bool, "[true, false]", 2).unwrap();
     assert_eq!(b, vec![1, 0]);
-    let b = json_to_bytes(DataType::Bytes, &serde_json::json!(["hi"]), 1).unwrap();
+    let b = json_data::decode(DataType::Bytes, r#"["hi"]"#, 1).unwrap();
     assert_eq!(b, encode_bytes_elements(["hi"]));
 }
 
