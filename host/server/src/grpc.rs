@@ -165,7 +165,7 @@ fn contents_to_bytes(
 
 /// A `ModelInferRequest` → the service's [`Decoded`] (the service validates it against the
 /// model).
-fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
+pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
     if !req.raw_input_contents.is_empty() && req.raw_input_contents.len() != req.inputs.len() {
         return Err(Error::invalid(format!(
             "expected {} raw_input_contents (one per input), got {}",

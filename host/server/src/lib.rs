@@ -21,6 +21,9 @@ pub mod restricted;
 pub mod service;
 pub mod settings;
 
+#[cfg(test)]
+mod fuzz;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

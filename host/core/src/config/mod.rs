@@ -1140,3 +1140,6 @@ pub fn read_labels(path: &Path) -> std::io::Result<Vec<String>> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+pub(crate) mod fuzz;

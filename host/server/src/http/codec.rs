@@ -17,6 +17,12 @@ pub use crate::service::{Answer, Decoded, OutputSpec, MAX_CLASSIFICATION};
 
 mod json_data;
 
+/// Tensor `data` text → bytes (exposed for the fuzz tests).
+#[cfg(test)]
+pub(crate) fn json_data_decode(dt: DataType, json: &str, count: usize) -> Result<Vec<u8>> {
+    json_data::decode(dt, json, count)
+}
+
 /// A JSON object whose values are left as raw text (borrowed from the body) until needed.
 type RawMap<'a> = std::collections::BTreeMap<String, &'a serde_json::value::RawValue>;
 

@@ -1,0 +1,217 @@
+//! Property-based fuzzing of everything that decodes a request from the network: the HTTP JSON
+//! and binary-extension decoder, raw binary bodies, tensor `data` text, and the gRPC
+//! `ModelInferRequest` decoding (from arbitrary protobuf bytes and from structured requests with
+//! lying shapes and lengths). Each must answer with a request or an error, never a panic or an
+//! allocation sized from a claim; a decoded request always holds exactly the bytes its shape
+//! calls for.
+//!
+//! CI runs a short fixed-seed pass; `./dev fuzz` runs millions of cases (`PROPTEST_CASES`,
+//! `PROPTEST_RNG_SEED` override both).
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed};
+use serde_json::{json, Value};
+use wisp_core::config::{normalize, parse_pbtxt, ModelConfig};
+use wisp_core::{DataType, Tensor};
+
+use crate::grpc::pb;
+use crate::http::codec;
+
+fn config() -> Config {
+    let mut c = Config::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        c.cases = 512;
+    }
+    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+        c.rng_seed = RngSeed::Fixed(0xdec0_de42);
+    }
+    c.failure_persistence = None;
+    c
+}
+
+fn model(batch: bool) -> ModelConfig {
+    let text = format!(
+        r#"platform: "onnxruntime_onnx"
+        max_batch_size: {}
+        input [ {{ name: "x" data_type: TYPE_FP32 dims: [ -1, 2 ] }},
+                {{ name: "s" data_type: TYPE_STRING dims: [ 1 ] optional: true }} ]
+        output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 3 ] }} ]"#,
+        if batch { 4 } else { 0 }
+    );
+    let mut c = parse_pbtxt("m", &text).unwrap();
+    normalize(&mut c, "m", std::path::Path::new("/nonexistent"));
+    c
+}
+
+const DATATYPES: &[&str] = &[
+    "FP32", "FP16", "BF16", "FP64", "INT8", "INT64", "UINT8", "UINT64", "BOOL", "BYTES", "fp32", "",
+];
+
+fn dim() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        0i64..5,
+        Just(-1),
+        Just(1 << 31),
+        Just(1 << 40),
+        Just(1 << 62),
+        Just(i64::MAX),
+        Just(i64::MIN),
+    ]
+}
+
+fn scalar() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>().prop_map(|f| json!(f)),
+        any::<bool>().prop_map(Value::from),
+        "[a-z]{0,4}".prop_map(Value::from),
+        Just(Value::Null),
+        Just(json!({})),
+    ]
+}
+
+fn data() -> impl Strategy<Value = Value> {
+    scalar().prop_recursive(3, 24, 6, |inner| {
+        proptest::collection::vec(inner, 0..6).prop_map(Value::Array)
+    })
+}
+
+fn input() -> impl Strategy<Value = Value> {
+    (
+        prop_oneof![Just("x"), Just("s"), Just("nope"), Just("")],
+        proptest::sample::select(DATATYPES),
+        proptest::collection::vec(dim(), 0..4),
+        proptest::option::of(data()),
+        proptest::option::of(prop_oneof![0u64..64, Just(u64::MAX), Just(1 << 40)]),
+    )
+        .prop_map(|(name, dt, shape, data, binary)| {
+            let mut o = json!({"name": name, "datatype": dt, "shape": shape});
+            if let Some(d) = data {
+                o["data"] = d;
+            }
+            if let Some(n) = binary {
+                o["parameters"] = json!({ "binary_data_size": n });
+            }
+            o
+        })
+}
+
+/// A decoded tensor holds exactly what its shape and datatype call for.
+fn consistent(t: &Tensor) {
+    Tensor::new(t.name.clone(), t.datatype, t.shape.clone(), t.data.clone())
+        .expect("a decoded tensor is consistent");
+}
+
+fn check_http(body: Bytes, header_len: Option<usize>, batch: bool) {
+    let cfg = model(batch);
+    if let Ok(d) = codec::decode(body, header_len, &cfg) {
+        d.request.inputs.iter().for_each(consistent);
+        let _ = wisp_core::infer::validate(&d.request, &cfg);
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn structured_http_requests_never_panic(
+        inputs in proptest::collection::vec(input(), 0..3),
+        outputs in proptest::collection::vec(
+            (prop_oneof![Just("y"), Just("z")], proptest::option::of(any::<u64>())), 0..3),
+        tail in proptest::collection::vec(any::<u8>(), 0..48),
+        batch in any::<bool>(),
+        split in any::<bool>(),
+    ) {
+        let outputs: Vec<Value> = outputs
+            .into_iter()
+            .map(|(name, class)| match class {
+                Some(n) => json!({"name": name, "parameters": {"classification": n}}),
+                None => json!({"name": name}),
+            })
+            .collect();
+        let header = serde_json::to_vec(&json!({"inputs": inputs, "outputs": outputs})).unwrap();
+        let n = header.len();
+        let mut body = header;
+        body.extend(&tail);
+        check_http(body.into(), split.then_some(n), batch);
+    }
+
+    #[test]
+    fn arbitrary_http_bodies_never_panic(
+        body in proptest::collection::vec(any::<u8>(), 0..256),
+        header_len in proptest::option::of(0usize..300),
+        batch in any::<bool>(),
+    ) {
+        check_http(body.into(), header_len, batch);
+    }
+
+    #[test]
+    fn tensor_data_text_never_panics(
+        dt in proptest::sample::select(&DATATYPES[..10]),
+        text in prop_oneof![data().prop_map(|d| d.to_string()), "\\PC{0,64}"],
+        count in prop_oneof![0usize..8, Just(usize::MAX), Just(1 << 40)],
+    ) {
+        let dt = DataType::parse(dt).unwrap();
+        if let Ok(bytes) = codec::json_data_decode(dt, &text, count) {
+            let shape = vec![count as i64];
+            Tensor::new("t", dt, shape, bytes.into()).expect("decoded data matches its count");
+        }
+    }
+
+    #[test]
+    fn arbitrary_grpc_messages_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        use prost::Message;
+        if let Ok(req) = pb::ModelInferRequest::decode(&bytes[..]) {
+            if let Ok(d) = crate::grpc::decode(req) {
+                d.request.inputs.iter().for_each(consistent);
+                let _ = wisp_core::infer::validate(&d.request, &model(true));
+            }
+        }
+    }
+
+    #[test]
+    fn structured_grpc_requests_never_panic(
+        tensors in proptest::collection::vec((
+            proptest::sample::select(DATATYPES),
+            proptest::collection::vec(dim(), 0..4),
+            proptest::collection::vec(any::<u8>(), 0..40),
+            proptest::collection::vec(any::<i32>(), 0..6),
+        ), 0..3),
+        raw in any::<bool>(),
+        class in proptest::option::of(any::<i64>()),
+    ) {
+        let mut req = pb::ModelInferRequest { model_name: "m".into(), ..Default::default() };
+        for (i, (dt, shape, bytes, ints)) in tensors.into_iter().enumerate() {
+            req.inputs.push(pb::model_infer_request::InferInputTensor {
+                name: format!("t{i}"),
+                datatype: dt.to_string(),
+                shape,
+                contents: (!raw).then(|| pb::InferTensorContents {
+                    int_contents: ints.clone(),
+                    fp32_contents: ints.iter().map(|&v| v as f32).collect(),
+                    bytes_contents: vec![bytes.clone()],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            if raw {
+                req.raw_input_contents.push(bytes.into());
+            }
+        }
+        if let Some(n) = class {
+            let mut parameters = std::collections::HashMap::new();
+            parameters.insert("classification".to_string(), pb::InferParameter {
+                parameter_choice: Some(pb::infer_parameter::ParameterChoice::Int64Param(n)),
+            });
+            req.outputs.push(pb::model_infer_request::InferRequestedOutputTensor {
+                name: "y".into(),
+                parameters,
+            });
+        }
+        if let Ok(d) = crate::grpc::decode(req) {
+            d.request.inputs.iter().for_each(consistent);
+        }
+    }
+}
