@@ -596,3 +596,122 @@ async fn a_compression_bomb_costs_memory_in_proportion_to_its_body() {
     still_serves(&mut c).await;
     drop(child);
 }
+
+fn wisp_cli(args: &[&std::ffi::OsStr]) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wisp-test-serve"))
+        .args(args)
+        .output()
+        .expect("wisp runs");
+    assert!(
+        out.status.success(),
+        "wisp {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_models_load_and_a_tampered_reload_keeps_the_old_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    for m in ["add_sub", "classifier"] {
+        copy_dir(&fixture_repo().join(m), &repo.join(m)).unwrap();
+    }
+    copy_dir(&fixture_repo().join("classifier"), &repo.join("unsigned")).unwrap();
+    let prefix = dir.path().join("release");
+    wisp_cli(&["keygen".as_ref(), "--out".as_ref(), prefix.as_os_str()]);
+    let key = prefix.with_extension("key");
+    for m in ["add_sub", "classifier"] {
+        let model_dir = repo.join(m);
+        wisp_cli(&[
+            "sign".as_ref(),
+            "--model-dir".as_ref(),
+            model_dir.as_os_str(),
+            "--key".as_ref(),
+            key.as_os_str(),
+        ]);
+    }
+    let public = prefix.with_extension("pub");
+    let server = start_with(&repo, OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+        s.load_model = vec!["*".into()];
+        s.model_verify_key = Some(public.clone());
+        s.require_signed_models = true;
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    assert_eq!(
+        c.get("/v2/models/classifier/ready").await.unwrap().status,
+        200
+    );
+    still_serves(&mut c).await;
+    let r = c.get("/v2/models/unsigned/ready").await.unwrap();
+    assert_eq!(r.status, 503);
+
+    // tamper with the signed config, then ask for a reload
+    let cfg = repo.join("add_sub/config.pbtxt");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{text}\n# tampered\n")).unwrap();
+    let r = c
+        .send("POST", "/v2/repository/models/add_sub/load", &[], "")
+        .await
+        .unwrap();
+    let body = String::from_utf8_lossy(&r.body).to_string();
+    assert_eq!(r.status, 400, "{body}");
+    assert!(
+        body.contains("integrity check failed") && body.contains("'config.pbtxt' does not match"),
+        "{body}"
+    );
+    still_serves(&mut c).await;
+    let idx = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .unwrap()
+        .json();
+    let rows = idx.as_array().unwrap();
+    let add_sub = rows.iter().find(|r| r["name"] == "add_sub").unwrap();
+    assert_eq!(add_sub["state"], "READY");
+    assert!(
+        add_sub["reason"]
+            .as_str()
+            .unwrap()
+            .contains("previous version still serving"),
+        "{add_sub}"
+    );
+    let unsigned = rows.iter().find(|r| r["name"] == "unsigned").unwrap();
+    assert!(
+        unsigned.to_string().contains("--require-signed-models"),
+        "{unsigned}"
+    );
+    // a load request may not swap in another config
+    let r = c
+        .post_json(
+            "/v2/repository/models/classifier/load",
+            &json!({"parameters": {"config": "{\"max_batch_size\": 2}"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    // the failed checks are counted
+    let m = reqwest_metrics(server.metrics_addr().unwrap()).await;
+    let line = m
+        .lines()
+        .find(|l| {
+            l.starts_with("wisp_model_verify_failure_total{") && l.contains("model=\"add_sub\"")
+        })
+        .unwrap_or_else(|| panic!("no verify failure metric in\n{m}"));
+    assert!(line.ends_with(" 1"), "{line}");
+    // restoring the signed file makes the reload succeed
+    std::fs::write(&cfg, text).unwrap();
+    let r = c
+        .send("POST", "/v2/repository/models/add_sub/load", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    server.shutdown().await.unwrap();
+}
+
+async fn reqwest_metrics(addr: std::net::SocketAddr) -> String {
+    let mut c = Client::connect(addr).await.unwrap();
+    let r = c.get("/metrics").await.unwrap();
+    String::from_utf8_lossy(&r.body).to_string()
+}

@@ -59,10 +59,57 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// `wisp sign`: writes the signed manifest of each version.
+fn sign(args: crate::settings::SignArgs) -> anyhow::Result<()> {
+    let key = crate::signing::read_secret_key(&args.key).map_err(anyhow::Error::msg)?;
+    let versions = if args.versions.is_empty() {
+        wisp_core::repository::versions(&args.model_dir)
+    } else {
+        args.versions
+    };
+    anyhow::ensure!(
+        !versions.is_empty(),
+        "{} has no version directory",
+        args.model_dir.display()
+    );
+    for v in versions {
+        crate::signing::sign(&args.model_dir, v, &key)
+            .with_context(|| format!("cannot sign version {v} of {}", args.model_dir.display()))?;
+        println!("signed {}/{v}", args.model_dir.display());
+    }
+    Ok(())
+}
+
+/// `wisp keygen`: a new key pair, the secret readable by its owner only.
+fn keygen(args: crate::settings::KeygenArgs) -> anyhow::Result<()> {
+    let (secret, public) = crate::signing::generate_key()?;
+    let secret_path = args.out.with_extension("key");
+    let public_path = args.out.with_extension("pub");
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts
+        .open(&secret_path)
+        .with_context(|| format!("cannot create {}", secret_path.display()))?;
+    std::io::Write::write_all(&mut f, format!("{secret}\n").as_bytes())?;
+    std::fs::write(&public_path, format!("{public}\n"))?;
+    println!(
+        "{} (secret) and {} (public)",
+        secret_path.display(),
+        public_path.display()
+    );
+    Ok(())
+}
+
 /// Runs `wisp` with the process arguments.
 pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let Command::Serve(settings) = cli.command;
+    let settings = match cli.command {
+        Command::Serve(settings) => settings,
+        Command::Sign(args) => return sign(args),
+        Command::Keygen(args) => return keygen(args),
+    };
     init_logging(&settings)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

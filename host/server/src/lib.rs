@@ -20,6 +20,7 @@ pub mod registry;
 pub mod restricted;
 pub mod service;
 pub mod settings;
+pub mod signing;
 
 #[cfg(test)]
 mod fuzz;
@@ -74,10 +75,26 @@ impl Server {
             },
             Some(caller.clone()),
         );
+        let verify_failures = Arc::new(signing::VerifyFailures::default());
+        let verification = match &settings.model_verify_key {
+            Some(path) => Some(signing::Verification {
+                key: signing::read_public_key(path)
+                    .map_err(|e| anyhow::anyhow!("--model-verify-key: {e}"))?,
+                required: settings.require_signed_models,
+                failures: verify_failures.clone(),
+            }),
+            None if settings.require_signed_models => {
+                anyhow::bail!("--require-signed-models needs --model-verify-key")
+            }
+            None => None,
+        };
         let metrics = if settings.allow_metrics {
             let o = metrics::MetricsOptions::parse(&settings.metrics_config)
                 .map_err(|e| anyhow::anyhow!(e))?;
-            Some(metrics::Metrics::new(o, plugin_failures).map_err(|e| anyhow::anyhow!(e))?)
+            Some(
+                metrics::Metrics::new(o, plugin_failures, verify_failures.clone())
+                    .map_err(|e| anyhow::anyhow!(e))?,
+            )
         } else {
             None
         };
@@ -90,6 +107,7 @@ impl Server {
             metrics: metrics.clone(),
             host_policies: host_policy::HostPolicies::parse(&settings.host_policy)
                 .map_err(|e| anyhow::anyhow!(e))?,
+            verification,
         };
         let registry = Arc::new(Registry::new(
             settings.model_repositories.clone(),
@@ -135,6 +153,7 @@ impl Server {
             cache,
             strict_readiness: settings.strict_readiness,
             control_mode: settings.model_control_mode,
+            signed_only: settings.require_signed_models,
             logging: logging::LogControl::new(logging::LogSettings {
                 log_file: settings
                     .log_file

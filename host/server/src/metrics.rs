@@ -89,13 +89,16 @@ pub struct Metrics {
     options: MetricsOptions,
     cpu: Mutex<Option<(u64, u64)>>,
     plugin_failures: Arc<wisp_plugin_runtime::FailureCounts>,
+    verify_failures: Arc<crate::signing::VerifyFailures>,
 }
 
 impl Metrics {
-    /// A recorder with `options`, reporting the plugin failures counted in `plugin_failures`.
+    /// A recorder with `options`, reporting the plugin failures counted in `plugin_failures`
+    /// and the failed integrity checks counted in `verify_failures`.
     pub fn new(
         options: MetricsOptions,
         plugin_failures: Arc<wisp_plugin_runtime::FailureCounts>,
+        verify_failures: Arc<crate::signing::VerifyFailures>,
     ) -> Result<Arc<Self>, String> {
         let recorder = PrometheusBuilder::new()
             .set_quantiles(&options.quantiles)
@@ -106,6 +109,7 @@ impl Metrics {
             options,
             cpu: Mutex::new(None),
             plugin_failures,
+            verify_failures,
         });
         with_local_recorder(&m.recorder, describe);
         Ok(m)
@@ -194,6 +198,10 @@ impl Metrics {
                 ];
                 counter!("wisp_plugin_failure_total", &l).absolute(n);
             }
+            for (model, version, n) in self.verify_failures.snapshot() {
+                let l = [("model", model), ("version", version.to_string())];
+                counter!("wisp_model_verify_failure_total", &l).absolute(n);
+            }
             if let Some(u) = self.cpu_utilization() {
                 gauge!("nv_cpu_utilization").set(u);
             }
@@ -218,6 +226,10 @@ impl Metrics {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge};
+    describe_counter!(
+        "wisp_model_verify_failure_total",
+        "Model version loads refused because the version's files did not match its signed manifest, or it had none when one is required"
+    );
     describe_counter!(
         "wisp_plugin_failure_total",
         "Plugin calls that trapped, ran past their deadline, ran out of memory or fuel, returned bad outputs, or failed init (label reason)"

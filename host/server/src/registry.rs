@@ -167,6 +167,8 @@ pub struct LoadOptions {
     pub metrics: Option<Arc<Metrics>>,
     /// `--host-policy` CPU sets for `instance_group.host_policy`.
     pub host_policies: crate::host_policy::HostPolicies,
+    /// `--model-verify-key`: check signed manifests before loading a version.
+    pub verification: Option<crate::signing::Verification>,
 }
 
 /// One row of the repository index.
@@ -379,11 +381,23 @@ impl Registry {
             VersionState::Ready(m) => Some(m.clone()),
             VersionState::Unavailable(_) => None,
         })?;
+        // With signatures on, resize only what verifies; anything else goes through the full
+        // load, which reports (and counts) the failure once.
+        if let Some(v) = &self.opts.verification {
+            let versions = repository::versions(&dir.path);
+            if versions
+                .iter()
+                .any(|&ver| crate::signing::verify(&dir.path, ver, v).is_err())
+            {
+                return None;
+            }
+        }
         let new_cfg = prepare_config_from(
             dir,
             self.backend.as_ref(),
             self.opts.autocomplete,
             config_json,
+            None,
         )
         .ok()?;
         let without_counts = |c: &ModelConfig| {
@@ -783,7 +797,13 @@ fn load_model_inner(
 ) -> ModelEntry {
     let start = Instant::now();
     let name = dir.name.as_str();
-    let cfg = match prepare_config_from(dir, backend, opts.autocomplete, config_json) {
+    let cfg = match prepare_config_from(
+        dir,
+        backend,
+        opts.autocomplete,
+        config_json,
+        opts.verification.as_ref(),
+    ) {
         Ok(c) => Arc::new(c),
         Err(e) => {
             tracing::error!(model = name, error = %e, "model failed to load");
@@ -827,15 +847,7 @@ fn load_model_inner(
     let mut versions = BTreeMap::new();
     for v in selected {
         let observer = opts.metrics.as_ref().and_then(|m| m.observer(name, v));
-        let state = match load_version(
-            dir,
-            v,
-            &cfg,
-            &labels,
-            backend,
-            observer,
-            &opts.host_policies,
-        ) {
+        let state = match load_version(dir, v, &cfg, &labels, backend, observer, opts) {
             Ok(m) => {
                 tracing::info!(
                     model = name,
@@ -867,7 +879,7 @@ pub fn prepare_config(
     backend: &dyn Backend,
     autocomplete: bool,
 ) -> Result<ModelConfig> {
-    prepare_config_from(dir, backend, autocomplete, None)
+    prepare_config_from(dir, backend, autocomplete, None, None)
 }
 
 fn prepare_config_from(
@@ -875,6 +887,7 @@ fn prepare_config_from(
     backend: &dyn Backend,
     autocomplete: bool,
     config_json: Option<&str>,
+    verification: Option<&crate::signing::Verification>,
 ) -> Result<ModelConfig> {
     let name = dir.name.as_str();
     let (mut cfg, max_batch_size_set) = match config_json {
@@ -920,6 +933,12 @@ fn prepare_config_from(
         )?;
         if let Some(v) = latest.last() {
             let file = model_file(&dir.path, *v, &cfg);
+            if let Some(ver) = verification {
+                // Auto-complete parses the model file: only once its signature checks out.
+                ver.check(&dir.path, &dir.name, *v).map_err(|why| {
+                    Error::invalid(format!("version {v}: integrity check failed: {why}"))
+                })?;
+            }
             if file.is_file() {
                 let io = backend.describe(&file)?;
                 config::autocomplete(&mut cfg, &io, max_batch_size_set);
@@ -964,9 +983,14 @@ fn load_version(
     labels: &HashMap<String, Arc<Vec<String>>>,
     backend: &dyn Backend,
     observer: Option<Observer>,
-    policies: &crate::host_policy::HostPolicies,
+    opts: &LoadOptions,
 ) -> Result<ModelVersion> {
     let start = Instant::now();
+    if let Some(v) = &opts.verification {
+        // Before anything reads the version's files.
+        v.check(&dir.path, &dir.name, version)
+            .map_err(|why| Error::invalid(format!("integrity check failed: {why}")))?;
+    }
     let file = model_file(&dir.path, version, cfg);
     if !cfg.is_ensemble() {
         repository::confine(
@@ -982,7 +1006,7 @@ fn load_version(
         )));
     }
     let loaded = backend.load(cfg, &file)?;
-    let cores = instance_cores(cfg, policies)?;
+    let cores = instance_cores(cfg, &opts.host_policies)?;
     let mut instances = (0..cfg.instance_count())
         .map(|i| loaded.new_instance(i).map(|inst| pin(inst, cores[i])))
         .collect::<Result<Vec<_>>>()?;

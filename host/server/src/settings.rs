@@ -30,9 +30,39 @@ pub struct Cli {
 
 /// Subcommands.
 #[derive(Debug, Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once at start-up; boxing would only complicate every match"
+)]
 pub enum Command {
     /// Serve the models of one or more model repositories.
     Serve(Settings),
+    /// Write the signed manifest (`<version>/MANIFEST` and `MANIFEST.sig`) of a model's versions.
+    Sign(SignArgs),
+    /// Make an ed25519 key pair for signing models: `<out>.key` (secret) and `<out>.pub`.
+    Keygen(KeygenArgs),
+}
+
+/// `wisp sign`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SignArgs {
+    /// The model directory (`<repository>/<model>`).
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: PathBuf,
+    /// The secret key file (from `wisp keygen`).
+    #[arg(long, value_name = "FILE")]
+    pub key: PathBuf,
+    /// Versions to sign; every version directory when none is given.
+    #[arg(long = "version", value_name = "N")]
+    pub versions: Vec<u64>,
+}
+
+/// `wisp keygen`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KeygenArgs {
+    /// Path prefix of the two key files.
+    #[arg(long, value_name = "PREFIX")]
+    pub out: PathBuf,
 }
 
 /// Which engine runs ONNX models.
@@ -135,6 +165,16 @@ pub struct Settings {
     /// included; past it the stream is not read until the client catches up.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub grpc_stream_max_in_flight: u32,
+
+    /// Verify signed model manifests with this ed25519 public key (from `wisp keygen`) before
+    /// loading; a version whose files do not match its signed manifest does not load.
+    #[arg(long, value_name = "FILE")]
+    pub model_verify_key: Option<PathBuf>,
+
+    /// Load only model versions with a valid signed manifest (needs --model-verify-key); load
+    /// requests may not override their config.
+    #[arg(long)]
+    pub require_signed_models: bool,
 
     /// Gate API groups behind a header, Triton's syntax `<group>[,<group>...]:<header>=<value>`
     /// (groups: health, metadata, inference, shared-memory, model-config, model-repository,
@@ -276,7 +316,9 @@ impl Settings {
     /// embedders).
     pub fn for_repository(repo: impl Into<PathBuf>) -> Self {
         let cli = Cli::parse_from(["wisp", "serve", "--model-repository", "."]);
-        let Command::Serve(mut s) = cli.command;
+        let Command::Serve(mut s) = cli.command else {
+            unreachable!("parsed as serve")
+        };
         s.model_repositories = vec![repo.into()];
         s
     }
@@ -308,7 +350,9 @@ mod tests {
             "local,size=1000",
         ])
         .unwrap();
-        let Command::Serve(s) = cli.command;
+        let Command::Serve(s) = cli.command else {
+            panic!("not serve")
+        };
         assert_eq!(
             s.model_repositories,
             vec![PathBuf::from("/a"), PathBuf::from("/b")]

@@ -39,6 +39,11 @@ impl Service {
     /// Loads or reloads `model` (off the async workers).
     pub async fn load(&self, model: &str, req: LoadRequest) -> Result<()> {
         self.check_control(&req.repository)?;
+        if req.config.is_some() && self.signed_only {
+            return Err(Error::invalid(
+                "a load request may not override a model's config when --require-signed-models is set (the signed config.pbtxt is what loads)",
+            ));
+        }
         if req.has_files {
             return Err(Error::unsupported(
                 "loading model files from the request ('file:' parameters) is not supported",

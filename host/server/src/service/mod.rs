@@ -48,6 +48,8 @@ pub struct Service {
     pub strict_readiness: bool,
     /// Model control mode (load/unload allowed only in explicit mode).
     pub control_mode: ControlMode,
+    /// `--require-signed-models`: a load request may not replace a model's (signed) config.
+    pub signed_only: bool,
     /// Logging settings (logging extension).
     pub logging: LogControl,
 }
