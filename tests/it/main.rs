@@ -2,6 +2,7 @@
 //! One binary (`mod` lines below) so it links once.
 
 mod common;
+mod corpus;
 mod ensembles;
 mod hardening;
 mod http_api;

@@ -2,9 +2,12 @@
 //! header-read timeout, an idle timeout, and HTTP/2 limits. Slow, idle or abusive clients cost
 //! a bounded amount and are cut off; each limit logs when it acts.
 //!
-//! - **Connection cap**: a listener's connections hold permits of a [`Gate`]. A connection that
-//!   arrives when none is free is closed at once (its file descriptor is released immediately)
-//!   rather than left to pile up until the process runs out of descriptors.
+//! - **Connection cap**: a listener's connections hold permits of a [`Gate`]. When a connection
+//!   arrives and none is free, the connection idle longest (no request in flight, no bytes for
+//!   at least [`EVICT_AFTER`]) is closed to make room, so a flood of idle connections cannot
+//!   lock out a health check; if every connection is busy, the new one is closed at once (its
+//!   file descriptor released immediately) rather than left to pile up until the process runs
+//!   out of descriptors.
 //! - **Header-read timeout** (HTTP/1): from the moment the server waits for a request head
 //!   (which includes a keep-alive connection waiting for its next request) to the end of that
 //!   head. A client that trickles headers, or holds a connection open without asking anything,
@@ -43,6 +46,20 @@ pub struct ConnLimits {
     pub max_header_size: usize,
 }
 
+/// How long a connection must have been idle before a new one may evict it.
+pub const EVICT_AFTER: Duration = Duration::from_secs(1);
+
+/// What the gate knows of one open connection.
+#[derive(Debug, Default)]
+struct ConnState {
+    /// Requests of this connection whose handler is running.
+    in_flight: AtomicUsize,
+    /// When bytes last moved, in ms since the gate was made.
+    last_active_ms: AtomicU64,
+    /// Closes the connection at once.
+    kill: tokio::sync::Notify,
+}
+
 /// A cap on open connections, shared by the listeners that use it.
 #[derive(Debug)]
 pub struct Gate {
@@ -50,6 +67,10 @@ pub struct Gate {
     max: usize,
     permits: Arc<Semaphore>,
     refused: AtomicU64,
+    evicted: AtomicU64,
+    epoch: std::time::Instant,
+    next_id: AtomicU64,
+    conns: std::sync::Mutex<std::collections::HashMap<u64, Arc<ConnState>>>,
 }
 
 impl Gate {
@@ -61,7 +82,41 @@ impl Gate {
             max,
             permits: Arc::new(Semaphore::new(max)),
             refused: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+            next_id: AtomicU64::new(0),
+            conns: Default::default(),
         })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Closes the connection idle longest, if one has been idle for [`EVICT_AFTER`].
+    fn evict_idlest(&self) -> bool {
+        let now = self.now_ms();
+        let min_idle = EVICT_AFTER.as_millis() as u64;
+        let conns = self.conns.lock().expect("connections lock");
+        let victim = conns
+            .values()
+            .filter(|c| c.in_flight.load(Ordering::Relaxed) == 0)
+            .map(|c| (c.last_active_ms.load(Ordering::Relaxed), c))
+            .filter(|(last, _)| now.saturating_sub(*last) >= min_idle)
+            .min_by_key(|(last, _)| *last);
+        match victim {
+            Some((_, c)) => {
+                c.kill.notify_one();
+                self.evicted.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Connections closed to make room for new ones.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
     }
 
     /// Connections refused so far because the cap was reached.
@@ -101,7 +156,8 @@ struct IdleIo {
     inner: TcpStream,
     idle: Duration,
     timer: Pin<Box<Sleep>>,
-    in_flight: Arc<AtomicUsize>,
+    state: Arc<ConnState>,
+    gate: Arc<Gate>,
     peer: SocketAddr,
 }
 
@@ -109,10 +165,13 @@ impl IdleIo {
     fn touch(&mut self) {
         let at = Instant::now() + self.idle;
         self.timer.as_mut().reset(at);
+        self.state
+            .last_active_ms
+            .store(self.gate.now_ms(), Ordering::Relaxed);
     }
 
     fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        if self.in_flight.load(Ordering::Relaxed) > 0 {
+        if self.state.in_flight.load(Ordering::Relaxed) > 0 {
             self.touch();
             return Ok(());
         }
@@ -202,18 +261,18 @@ impl AsyncWrite for IdleIo {
 }
 
 /// Counts a request in flight until dropped.
-struct InFlight(Arc<AtomicUsize>);
+struct InFlight(Arc<ConnState>);
 
 impl InFlight {
-    fn new(n: &Arc<AtomicUsize>) -> Self {
-        n.fetch_add(1, Ordering::Relaxed);
-        InFlight(n.clone())
+    fn new(state: &Arc<ConnState>) -> Self {
+        state.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(state.clone())
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -253,7 +312,20 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(permit) = gate.permits.clone().try_acquire_owned() else {
+        let mut permit = gate.permits.clone().try_acquire_owned().ok();
+        if permit.is_none() && gate.evict_idlest() {
+            // The evicted connection's task returns its permit as it ends.
+            let wait = gate.permits.clone().acquire_owned();
+            permit = tokio::time::timeout(Duration::from_millis(200), wait)
+                .await
+                .ok()
+                .and_then(Result::ok);
+            let n = gate.evicted();
+            if n.is_power_of_two() {
+                tracing::warn!(listener = gate.name, %peer, evicted = n, "connection limit reached: closed the longest-idle connection");
+            }
+        }
+        let Some(permit) = permit else {
             let n = gate.refused.fetch_add(1, Ordering::Relaxed) + 1;
             if n.is_power_of_two() {
                 tracing::warn!(
@@ -270,18 +342,26 @@ pub async fn serve(
         // Small responses and HTTP/2 frames must not wait for Nagle's algorithm (a 40 ms
         // stall with delayed ACKs).
         let _ = tcp.set_nodelay(true);
-        let in_flight = Arc::new(AtomicUsize::new(0));
+        let state = Arc::new(ConnState::default());
+        state.last_active_ms.store(gate.now_ms(), Ordering::Relaxed);
+        let id = gate.next_id.fetch_add(1, Ordering::Relaxed);
+        gate.conns
+            .lock()
+            .expect("connections lock")
+            .insert(id, state.clone());
         let io = IdleIo {
             inner: tcp,
             idle: limits.idle_timeout,
             timer: Box::pin(tokio::time::sleep(limits.idle_timeout)),
-            in_flight: in_flight.clone(),
+            state: state.clone(),
+            gate: gate.clone(),
             peer,
         };
         let router = router.clone();
+        let conn_state = state.clone();
         let service =
             hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let guard = InFlight::new(&in_flight);
+                let guard = InFlight::new(&conn_state);
                 let call = tower_call(router.clone(), req);
                 async move {
                     let resp = call.await;
@@ -291,11 +371,16 @@ pub async fn serve(
             });
         let builder = builder.clone();
         let mut stop = shutdown.clone();
+        let gate = gate.clone();
         tokio::spawn(async move {
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
             tokio::pin!(conn);
             let result = tokio::select! {
                 r = conn.as_mut() => r,
+                _ = state.kill.notified() => {
+                    tracing::info!(%peer, "closing an idle connection to make room for a new one");
+                    Ok(())
+                }
                 _ = stopped(&mut stop) => {
                     conn.as_mut().graceful_shutdown();
                     conn.as_mut().await
@@ -304,6 +389,7 @@ pub async fn serve(
             if let Err(e) = result {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
+            gate.conns.lock().expect("connections lock").remove(&id);
             drop(permit);
         });
     }
