@@ -715,3 +715,59 @@ async fn reqwest_metrics(addr: std::net::SocketAddr) -> String {
     let r = c.get("/metrics").await.unwrap();
     String::from_utf8_lossy(&r.body).to_string()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_mutual_tls_over_http_and_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = wisp_tests::make_test_certs(dir.path()).unwrap();
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
+        s.http_use_ssl = true;
+        s.http_server_cert = Some(certs.server_cert.clone());
+        s.http_server_key = Some(certs.server_key.clone());
+        s.grpc_use_ssl = true;
+        s.grpc_use_ssl_mutual = true;
+        s.grpc_server_cert = Some(certs.server_cert.clone());
+        s.grpc_server_key = Some(certs.server_key.clone());
+        s.grpc_root_cert = Some(certs.ca.clone());
+    })
+    .await;
+    // HTTP over TLS, server authenticated only
+    let tls = wisp_tests::tls_connect(server.http_addr(), &certs, false, &[b"http/1.1"])
+        .await
+        .unwrap();
+    let mut c = Client::over(tls).await.unwrap();
+    assert_eq!(c.get("/v2/health/live").await.unwrap().status, 200);
+    still_serves(&mut c).await;
+    // plain HTTP to a TLS port gets nowhere
+    let mut plain = Client::connect(server.http_addr()).await.unwrap();
+    assert!(plain.get("/v2/health/live").await.is_err());
+    // gRPC with mutual TLS: with the client certificate it works
+    let gaddr = server.grpc_addr().unwrap();
+    let tls = wisp_tests::tls_connect(gaddr, &certs, true, &[b"h2"])
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let mut g = GrpcClient::over(tls).await.unwrap();
+    let live: pb::ServerLiveResponse = g
+        .unary("ServerLive", &pb::ServerLiveRequest {})
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(live.live);
+    // without one the handshake (or the first call) fails
+    let refused = match wisp_tests::tls_connect(gaddr, &certs, false, &[b"h2"]).await {
+        Err(_) => true,
+        Ok(tls) => match GrpcClient::over(tls).await {
+            Err(_) => true,
+            Ok(mut g) => g
+                .unary::<_, pb::ServerLiveResponse>("ServerLive", &pb::ServerLiveRequest {})
+                .await
+                .is_err(),
+        },
+    };
+    assert!(
+        refused,
+        "mutual TLS accepted a client without a certificate"
+    );
+    server.shutdown().await.unwrap();
+}

@@ -101,7 +101,15 @@ impl Client {
             .await
             .with_context(|| format!("connect {addr}"))?;
         stream.set_nodelay(true)?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        Self::over(stream).await
+    }
+
+    /// An HTTP/1.1 client over an established connection (a TLS stream, say).
+    pub async fn over<I>(io: I) -> anyhow::Result<Self>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -236,9 +244,17 @@ impl GrpcClient {
     pub async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
+        Self::over(stream).await
+    }
+
+    /// A gRPC client over an established connection (a TLS stream that negotiated `h2`).
+    pub async fn over<I>(io: I) -> anyhow::Result<Self>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let (sender, conn) = hyper::client::conn::http2::handshake(
             hyper_util::rt::TokioExecutor::new(),
-            TokioIo::new(stream),
+            TokioIo::new(io),
         )
         .await?;
         tokio::spawn(async move {
@@ -324,4 +340,86 @@ fn percent_decode(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// PEM files of a throwaway PKI made at test time: a CA, a server certificate for
+/// `localhost` / `127.0.0.1`, and a client certificate, each signed by the CA.
+pub struct TestCerts {
+    /// CA certificate.
+    pub ca: PathBuf,
+    /// Server certificate.
+    pub server_cert: PathBuf,
+    /// Server private key.
+    pub server_key: PathBuf,
+    /// Client certificate.
+    pub client_cert: PathBuf,
+    /// Client private key.
+    pub client_key: PathBuf,
+}
+
+/// Writes a fresh [`TestCerts`] into `dir`.
+pub fn make_test_certs(dir: &Path) -> anyhow::Result<TestCerts> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "wisp test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let leaf = |names: Vec<String>, cn: &str| -> anyhow::Result<(String, String)> {
+        let mut params = CertificateParams::new(names)?;
+        params.distinguished_name.push(DnType::CommonName, cn);
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &ca)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    };
+    let (server_cert, server_key) =
+        leaf(vec!["localhost".into(), "127.0.0.1".into()], "localhost")?;
+    let (client_cert, client_key) = leaf(vec!["wisp-client".into()], "wisp-client")?;
+    let certs = TestCerts {
+        ca: dir.join("ca.pem"),
+        server_cert: dir.join("server.pem"),
+        server_key: dir.join("server.key"),
+        client_cert: dir.join("client.pem"),
+        client_key: dir.join("client.key"),
+    };
+    std::fs::write(&certs.ca, ca.pem())?;
+    std::fs::write(&certs.server_cert, server_cert)?;
+    std::fs::write(&certs.server_key, server_key)?;
+    std::fs::write(&certs.client_cert, client_cert)?;
+    std::fs::write(&certs.client_key, client_key)?;
+    Ok(certs)
+}
+
+/// A TLS client connection to `addr` (server name `localhost`) trusting `certs.ca`, presenting
+/// the client certificate when `with_client_cert`, offering `alpn`.
+pub async fn tls_connect(
+    addr: SocketAddr,
+    certs: &TestCerts,
+    with_client_cert: bool,
+    alpn: &[&[u8]],
+) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&certs.ca)? {
+        roots.add(c?)?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let mut config = if with_client_cert {
+        let chain =
+            CertificateDer::pem_file_iter(&certs.client_cert)?.collect::<Result<Vec<_>, _>>()?;
+        builder.with_client_auth_cert(chain, PrivateKeyDer::from_pem_file(&certs.client_key)?)?
+    } else {
+        builder.with_no_client_auth()
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    Ok(connector
+        .connect(ServerName::try_from("localhost")?, tcp)
+        .await?)
 }

@@ -284,6 +284,7 @@ pub async fn serve(
     router: axum::Router,
     limits: ConnLimits,
     gate: Arc<Gate>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) -> io::Result<()> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -370,24 +371,23 @@ pub async fn serve(
                 }
             });
         let builder = builder.clone();
-        let mut stop = shutdown.clone();
+        let stop = shutdown.clone();
         let gate = gate.clone();
+        let tls = tls.clone();
+        let handshake_timeout = limits.header_timeout;
         tokio::spawn(async move {
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = state.kill.notified() => {
-                    tracing::info!(%peer, "closing an idle connection to make room for a new one");
-                    Ok(())
+            match tls {
+                None => run_conn(&builder, io, service, &state, stop, peer).await,
+                Some(acceptor) => {
+                    // The handshake is bounded like a request head.
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await {
+                        Ok(Ok(tls_io)) => {
+                            run_conn(&builder, tls_io, service, &state, stop, peer).await
+                        }
+                        Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
+                    }
                 }
-                _ = stopped(&mut stop) => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.as_mut().await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
             gate.conns.lock().expect("connections lock").remove(&id);
             drop(permit);
@@ -397,6 +397,42 @@ pub async fn serve(
     // Every connection holds a permit until it ends: wait for all of them to come back.
     let _all = gate.permits.acquire_many(gate.max as u32).await;
     Ok(())
+}
+
+/// Serves one connection until it ends, is evicted, or the server stops (gracefully).
+async fn run_conn<I, S>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    service: S,
+    state: &ConnState,
+    mut stop: watch::Receiver<bool>,
+    peer: SocketAddr,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = state.kill.notified() => {
+            tracing::info!(%peer, "closing an idle connection to make room for a new one");
+            Ok(())
+        }
+        _ = stopped(&mut stop) => {
+            conn.as_mut().graceful_shutdown();
+            conn.as_mut().await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
 }
 
 /// Resolves once `rx` says stop (or its sender is gone).

@@ -21,6 +21,7 @@ pub mod restricted;
 pub mod service;
 pub mod settings;
 pub mod signing;
+pub mod tls;
 
 #[cfg(test)]
 mod fuzz;
@@ -198,6 +199,38 @@ impl Server {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "HTTP front end listening");
         let (tx, rx) = tokio::sync::watch::channel(false);
+        let http_tls = settings
+            .http_use_ssl
+            .then(|| {
+                tls::acceptor(
+                    &tls::TlsFiles {
+                        cert: settings.http_server_cert.clone(),
+                        key: settings.http_server_key.clone(),
+                        root: settings.http_root_cert.clone(),
+                        mutual: settings.http_use_ssl_mutual,
+                    },
+                    "--http",
+                    &[b"h2", b"http/1.1"],
+                )
+            })
+            .transpose()
+            .map_err(anyhow::Error::msg)?;
+        let grpc_tls = settings
+            .grpc_use_ssl
+            .then(|| {
+                tls::acceptor(
+                    &tls::TlsFiles {
+                        cert: settings.grpc_server_cert.clone(),
+                        key: settings.grpc_server_key.clone(),
+                        root: settings.grpc_root_cert.clone(),
+                        mutual: settings.grpc_use_ssl_mutual,
+                    },
+                    "--grpc",
+                    &[b"h2"],
+                )
+            })
+            .transpose()
+            .map_err(anyhow::Error::msg)?;
         let limits = conn::ConnLimits {
             header_timeout: std::time::Duration::from_secs(settings.http_header_timeout_secs),
             idle_timeout: std::time::Duration::from_secs(settings.idle_timeout_secs),
@@ -232,7 +265,7 @@ impl Server {
                 (
                     Some(maddr),
                     Some(tokio::spawn(async move {
-                        conn::serve(l, app, limits, conn::Gate::new("metrics", 64), rx).await
+                        conn::serve(l, app, limits, conn::Gate::new("metrics", 64), None, rx).await
                     })),
                 )
             }
@@ -273,13 +306,20 @@ impl Server {
                     grpc::guard,
                 ));
             let (limits, gate, rx) = (limits.clone(), gate.clone(), rx.clone());
-            let task = tokio::spawn(conn::serve(l, router, limits, gate, rx));
+            let task = tokio::spawn(conn::serve(l, router, limits, gate, grpc_tls, rx));
             (Some(gaddr), Some(task))
         } else {
             (None, None)
         };
         let app = http::router(state);
-        let task = tokio::spawn(conn::serve(listener, app, limits, gate, rx.clone()));
+        let task = tokio::spawn(conn::serve(
+            listener,
+            app,
+            limits,
+            gate,
+            http_tls,
+            rx.clone(),
+        ));
         Ok(Server {
             addr,
             metrics_addr,

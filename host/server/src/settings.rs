@@ -176,6 +176,46 @@ pub struct Settings {
     #[arg(long)]
     pub require_signed_models: bool,
 
+    /// Serve gRPC over TLS (Triton's flag).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub grpc_use_ssl: bool,
+
+    /// gRPC server certificate chain, PEM.
+    #[arg(long, value_name = "FILE")]
+    pub grpc_server_cert: Option<PathBuf>,
+
+    /// gRPC server private key, PEM.
+    #[arg(long, value_name = "FILE")]
+    pub grpc_server_key: Option<PathBuf>,
+
+    /// Root certificate(s) gRPC client certificates must chain to, PEM (mutual TLS).
+    #[arg(long, value_name = "FILE")]
+    pub grpc_root_cert: Option<PathBuf>,
+
+    /// Require and verify gRPC client certificates (Triton's flag).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub grpc_use_ssl_mutual: bool,
+
+    /// Serve HTTP over TLS (Wisp-specific; Triton's HTTP has no TLS).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub http_use_ssl: bool,
+
+    /// HTTP server certificate chain, PEM.
+    #[arg(long, value_name = "FILE")]
+    pub http_server_cert: Option<PathBuf>,
+
+    /// HTTP server private key, PEM.
+    #[arg(long, value_name = "FILE")]
+    pub http_server_key: Option<PathBuf>,
+
+    /// Root certificate(s) HTTP client certificates must chain to, PEM (mutual TLS).
+    #[arg(long, value_name = "FILE")]
+    pub http_root_cert: Option<PathBuf>,
+
+    /// Require and verify HTTP client certificates.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub http_use_ssl_mutual: bool,
+
     /// Gate API groups behind a header, Triton's syntax `<group>[,<group>...]:<header>=<value>`
     /// (groups: health, metadata, inference, shared-memory, model-config, model-repository,
     /// statistics, trace, logging); repeat for several. Refused requests get 403.
