@@ -19,7 +19,13 @@
 //!   ensemble, each vs each of its steps alone (and text direction vs doing pre/post-processing
 //!   in the client), at concurrency 1, 8, 32, on a real image and a real file.
 //!
+//! - `soak` (not in the default set): the release `wisp` in its own process under mixed good,
+//!   bad and slow traffic with periodic reloads for `--soak-minutes`; RSS start and end, and
+//!   p50/p99 per minute (see `soak.rs`).
+//!
 //! Every loop is bounded by time and count; traffic is loopback only.
+
+mod soak;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,6 +65,9 @@ struct Args {
     /// Hard cap on requests per cell.
     #[arg(long, default_value_t = 200_000)]
     max_requests: usize,
+    /// Length of the soak suite, in minutes.
+    #[arg(long, default_value_t = 10.0)]
+    soak_minutes: f64,
 }
 
 struct Stats {
@@ -1128,9 +1137,10 @@ fn main() -> anyhow::Result<()> {
             "swap" => swap_suite(&args, &rt, engine)?,
             "plugins" => plugins_suite(&args, &rt, &backend, engine)?,
             "pipelines" => pipelines_suite(&args, &rt, engine)?,
+            "soak" => soak::soak(&rt, args.soak_minutes)?,
             other => {
                 anyhow::bail!(
-                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines)"
+                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines, soak)"
                 )
             }
         }

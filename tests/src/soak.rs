@@ -1,0 +1,340 @@
+//! The `soak` suite of `wisp-bench`: the real `wisp` program (release, in its own process, so
+//! its memory is its own) on the demo repository under bounded mixed load for
+//! `--soak-minutes` minutes:
+//!
+//! - good traffic: `add_sub` over HTTP JSON, the PP-OCR classifier over HTTP binary, the
+//!   `text_direction` ensemble (wasm → ONNX → wasm) on a real image, `add_sub` over gRPC;
+//! - bad traffic: lying shapes, malformed JSON and a gzip bomb, in a loop;
+//! - slow clients: connections that trickle a request head and stall, replaced as they are cut;
+//! - a reload of `add_sub` and of `ppocr_cls` every 30 s (explicit control mode).
+//!
+//! It reports, per minute, good requests and failures and their p50/p99, bad requests answered,
+//! and the server's RSS at the start and the end. Every loop is bounded by the duration.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::json;
+use wisp_tests::{binary_request, bytes_element, f32_bytes, workspace_root, Client, GrpcClient};
+
+fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/statm"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(0, |a| a.port())
+}
+
+struct Child(std::process::Child);
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Latencies of good requests per minute, and failures.
+#[derive(Default)]
+struct Minute {
+    good: Vec<Duration>,
+    failed: u64,
+    bad_answered: u64,
+}
+
+type Minutes = Arc<Mutex<Vec<Minute>>>;
+
+fn record(minutes: &Minutes, start: Instant, f: impl FnOnce(&mut Minute)) {
+    let i = (start.elapsed().as_secs() / 60) as usize;
+    let mut m = minutes.lock().expect("minutes lock");
+    while m.len() <= i {
+        m.push(Minute::default());
+    }
+    f(&mut m[i]);
+}
+
+/// Runs the soak for `minutes` minutes and prints its report.
+pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
+    let root = workspace_root();
+    let repo = root.join("model_repo");
+    anyhow::ensure!(
+        repo.join("ppocr_preprocess/1/model.wasm").is_file(),
+        "model_repo plugins missing: run ./dev bench (it builds and installs them)"
+    );
+    let wisp = std::env::current_exe()?
+        .parent()
+        .context("exe dir")?
+        .join("wisp");
+    let (port, grpc_port) = (free_port(), free_port());
+    let child = Child(
+        std::process::Command::new(&wisp)
+            .args(["serve", "--model-repository"])
+            .arg(&repo)
+            .args(["--model-control-mode", "explicit", "--load-model", "*"])
+            .args([
+                "--http-address",
+                "127.0.0.1",
+                "--http-port",
+                &port.to_string(),
+            ])
+            .args([
+                "--grpc-port",
+                &grpc_port.to_string(),
+                "--metrics-port",
+                &free_port().to_string(),
+            ])
+            .args([
+                "--http-header-timeout-secs",
+                "5",
+                "--log-info",
+                "false",
+                "--log-warning",
+                "false",
+            ])
+            .spawn()
+            .with_context(|| format!("cannot start {}", wisp.display()))?,
+    );
+    let pid = child.0.id();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let gaddr: std::net::SocketAddr = format!("127.0.0.1:{grpc_port}").parse()?;
+    let png = std::fs::read(root.join("tests/fixtures/images/text_upright.png"))?;
+    let pixels = f32_bytes(&vec![0.5f32; 3 * 48 * 192]);
+    let total = Duration::from_secs_f64(minutes * 60.0);
+    rt.block_on(async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(mut c) = Client::connect(addr).await {
+                if c.get("/v2/health/ready").await.is_ok_and(|r| r.status == 200) {
+                    break;
+                }
+            }
+            anyhow::ensure!(Instant::now() < deadline, "wisp did not become ready");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // warm up, then take the starting RSS
+        let mut c = Client::connect(addr).await?;
+        for _ in 0..200 {
+            c.post_json("/v2/models/add_sub/infer", &add_sub()).await?;
+        }
+        let rss_start = rss(pid);
+        let start = Instant::now();
+        let minutes: Minutes = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let reloads = Arc::new(AtomicU64::new(0));
+        let slow_cut = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        // good traffic
+        for kind in 0..4u8 {
+            let (minutes, stop, png, pixels) =
+                (minutes.clone(), stop.clone(), png.clone(), pixels.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut http = Client::connect(addr).await.ok();
+                let mut grpc = GrpcClient::connect(gaddr).await.ok();
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let ok = match kind {
+                        0 => good_http(&mut http, addr, "/v2/models/add_sub/infer", None, add_sub()).await,
+                        1 => {
+                            let (body, n) = binary_request(&[("x", "FP32", vec![1, 3, 48, 192], pixels.clone())], true);
+                            good_http(&mut http, addr, "/v2/models/ppocr_cls/infer", Some((body, n)), json!(null)).await
+                        }
+                        2 => {
+                            let (body, n) = binary_request(&[("IMAGE", "BYTES", vec![1, 1], bytes_element(&png))], false);
+                            good_http(&mut http, addr, "/v2/models/text_direction/infer", Some((body, n)), json!(null)).await
+                        }
+                        _ => good_grpc(&mut grpc, gaddr).await,
+                    };
+                    let dt = t.elapsed();
+                    record(&minutes, start, |m| if ok { m.good.push(dt) } else { m.failed += 1 });
+                }
+            }));
+        }
+        // bad traffic
+        {
+            let (minutes, stop) = (minutes.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+                std::io::Write::write_all(&mut gz, &vec![b'['; 8 << 20]).ok();
+                let bomb = gz.finish().unwrap_or_default();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let Ok(mut c) = Client::connect(addr).await else { continue };
+                    let r = match i % 3 {
+                        0 => c.post_json("/v2/models/add_sub/infer", &json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1u64 << 40], "data": [1]}]})).await,
+                        1 => c.send("POST", "/v2/models/ppocr_cls/infer", &[], "{\"inputs\": [").await,
+                        _ => c.send("POST", "/v2/models/add_sub/infer", &[("content-encoding", "gzip".into())], bomb.clone()).await,
+                    };
+                    let answered = r.map(|r| (400..500).contains(&r.status)).unwrap_or(false);
+                    record(&minutes, start, |m| if answered { m.bad_answered += 1 });
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }));
+        }
+        // slow clients: 20 at a time, each trickling a request head
+        for _ in 0..20 {
+            let (stop, slow_cut) = (stop.clone(), slow_cut.clone());
+            tasks.push(tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else { continue };
+                    let _ = s.write_all(b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\n").await;
+                    let mut buf = [0u8; 64];
+                    let cut = tokio::time::timeout(Duration::from_secs(30), s.read(&mut buf)).await;
+                    if matches!(cut, Ok(Ok(0)) | Ok(Err(_))) {
+                        slow_cut.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        // reloads
+        {
+            let (stop, reloads) = (stop.clone(), reloads.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    for m in ["add_sub", "ppocr_cls"] {
+                        if let Ok(mut c) = Client::connect(addr).await {
+                            let path = format!("/v2/repository/models/{m}/load");
+                            if c.send("POST", &path, &[], "").await.is_ok_and(|r| r.status == 200) {
+                                reloads.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+        // Plugins, sessions and pools reach their working size in the first minute of real
+        // traffic: growth is judged from there.
+        let rss_warm = Arc::new(AtomicU64::new(0));
+        {
+            let rss_warm = rss_warm.clone();
+            let warm = total.min(Duration::from_secs(60));
+            tokio::spawn(async move {
+                tokio::time::sleep(warm).await;
+                rss_warm.store(rss(pid), Ordering::Relaxed);
+            });
+        }
+        tokio::time::sleep(total).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(35), t).await;
+        }
+        let rss_end = rss(pid);
+        println!("## soak: {minutes_total:.0} min of mixed load on the release `wisp` (model_repo)\n", minutes_total = total.as_secs_f64() / 60.0);
+        println!("| minute | good requests | failed good | p50 µs | p99 µs | bad requests answered 4xx |");
+        println!("|---|---|---|---|---|---|");
+        let mut failed_total = 0;
+        let rows = total.as_secs().div_ceil(60) as usize;
+        for (i, m) in minutes
+            .lock()
+            .expect("minutes lock")
+            .iter_mut()
+            .take(rows)
+            .enumerate()
+        {
+            m.good.sort_unstable();
+            let q = |p: f64| m.good.get(((m.good.len() as f64 * p) as usize).min(m.good.len().saturating_sub(1))).map_or(0.0, |d| d.as_secs_f64() * 1e6);
+            failed_total += m.failed;
+            println!("| {} | {} | {} | {:.0} | {:.0} | {} |", i + 1, m.good.len(), m.failed, q(0.5), q(0.99), m.bad_answered);
+        }
+        println!();
+        let rss_warm = rss_warm.load(Ordering::Relaxed).max(1);
+        println!(
+            "RSS at start {:.1} MB, after the first minute {:.1} MB, at the end {:.1} MB ({:+.1}% since the first minute); reloads {}; slow connections cut {}; failed good requests {}\n",
+            rss_start as f64 / 1048576.0,
+            rss_warm as f64 / 1048576.0,
+            rss_end as f64 / 1048576.0,
+            (rss_end as f64 / rss_warm as f64 - 1.0) * 100.0,
+            reloads.load(Ordering::Relaxed),
+            slow_cut.load(Ordering::Relaxed),
+            failed_total
+        );
+        drop(child);
+        Ok(())
+    })
+}
+
+fn add_sub() -> serde_json::Value {
+    json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![2.0f32; 16]},
+    ]})
+}
+
+async fn good_http(
+    c: &mut Option<Client>,
+    addr: std::net::SocketAddr,
+    path: &str,
+    binary: Option<(Vec<u8>, usize)>,
+    body: serde_json::Value,
+) -> bool {
+    if c.is_none() {
+        *c = Client::connect(addr).await.ok();
+    }
+    let Some(client) = c.as_mut() else {
+        return false;
+    };
+    let r = match binary {
+        Some((b, n)) => {
+            client
+                .send(
+                    "POST",
+                    path,
+                    &[("inference-header-content-length", n.to_string())],
+                    b,
+                )
+                .await
+        }
+        None => client.post_json(path, &body).await,
+    };
+    match r {
+        Ok(r) if r.status == 200 => true,
+        _ => {
+            *c = None;
+            false
+        }
+    }
+}
+
+async fn good_grpc(g: &mut Option<GrpcClient>, addr: std::net::SocketAddr) -> bool {
+    use wisp_server::grpc::pb;
+    if g.is_none() {
+        *g = GrpcClient::connect(addr).await.ok();
+    }
+    let Some(client) = g.as_mut() else {
+        return false;
+    };
+    let data = f32_bytes(&[1.0; 16]);
+    let input = |n: &str| pb::model_infer_request::InferInputTensor {
+        name: n.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    let req = pb::ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![input("INPUT0"), input("INPUT1")],
+        raw_input_contents: vec![data.clone().into(), data.into()],
+        ..Default::default()
+    };
+    match client
+        .unary::<_, pb::ModelInferResponse>("ModelInfer", &req)
+        .await
+    {
+        Ok(Ok(_)) => true,
+        _ => {
+            *g = None;
+            false
+        }
+    }
+}
