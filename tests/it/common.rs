@@ -68,3 +68,16 @@ impl Drop for Child {
         let _ = self.0.wait();
     }
 }
+
+/// A client of the server at `addr` once it accepts connections (a separate process starting
+/// up); panics after 30 s.
+pub async fn connect_when_up(addr: std::net::SocketAddr) -> wisp_tests::Client {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Ok(c) = wisp_tests::Client::connect(addr).await {
+            return c;
+        }
+        assert!(std::time::Instant::now() < deadline, "server did not start");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

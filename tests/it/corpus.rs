@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use wisp_server::grpc::pb;
 use wisp_tests::{bytes_element, f32_bytes, fixture_repo, Client, GrpcClient};
 
-use crate::common::{free_port, peak_rss_bytes, Child};
+use crate::common::{connect_when_up, free_port, peak_rss_bytes, Child};
 
 /// One hostile HTTP request and what it must get.
 struct Case {
@@ -674,14 +674,7 @@ async fn the_bad_input_corpus_gets_clear_errors_and_bounded_memory() {
     );
     let pid = child.0.id();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut c = loop {
-        if let Ok(c) = Client::connect(addr).await {
-            break c;
-        }
-        assert!(Instant::now() < deadline, "server did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut c = connect_when_up(addr).await;
     normal(&mut c).await;
     let before = peak_rss_bytes(pid);
     let http = http_cases();
@@ -802,14 +795,7 @@ async fn an_idle_flood_at_a_low_fd_limit_does_not_lock_out_health_checks() {
             .expect("wisp-test-serve starts"),
     );
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut c = loop {
-        if let Ok(c) = Client::connect(addr).await {
-            break c;
-        }
-        assert!(Instant::now() < deadline, "server did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut c = connect_when_up(addr).await;
     drop(c);
     let mut flood = Vec::new();
     for _ in 0..400 {

@@ -11,7 +11,7 @@ use wisp_server::grpc::pb;
 use wisp_server::settings::{ControlMode, OnnxEngine};
 use wisp_tests::{add_plugin_model, config_param, copy_dir, fixture_repo, Client, GrpcClient};
 
-use crate::common::{free_port, peak_rss_bytes, start_with, Child};
+use crate::common::{connect_when_up, free_port, peak_rss_bytes, start_with, Child};
 
 fn add_sub_request() -> Value {
     json!({
@@ -542,14 +542,7 @@ async fn a_compression_bomb_costs_memory_in_proportion_to_its_body() {
     );
     let pid = child.0.id();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut c = loop {
-        if let Ok(c) = Client::connect(addr).await {
-            break c;
-        }
-        assert!(Instant::now() < deadline, "server did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut c = connect_when_up(addr).await;
     still_serves(&mut c).await;
     let before = peak_rss_bytes(pid);
     let mut json =

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use wisp_server::settings::{ControlMode, OnnxEngine};
 use wisp_tests::{copy_dir, fixture_repo, workspace_root, Client};
 
-use crate::common::{free_port, rss_bytes, start_with, Child};
+use crate::common::{connect_when_up, free_port, rss_bytes, start_with, Child};
 
 fn add_sub_request() -> Value {
     json!({
@@ -373,14 +373,7 @@ async fn load_unload_cycles_return_memory() {
     );
     let pid = child.0.id();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut c = loop {
-        if let Ok(c) = Client::connect(addr).await {
-            break c;
-        }
-        assert!(Instant::now() < deadline, "server did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut c = connect_when_up(addr).await;
     async fn one(c: &mut Client) {
         assert_eq!(
             c.send("POST", "/v2/repository/models/ppocr_cls/load", &[], "")

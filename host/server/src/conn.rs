@@ -170,6 +170,27 @@ impl IdleIo {
             .store(self.gate.now_ms(), Ordering::Relaxed);
     }
 
+    /// A write's outcome: progress resets the idle clock; a stall checks it.
+    fn after_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match polled {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.touch();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => match self.check(cx) {
+                Ok(()) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            },
+            other => other,
+        }
+    }
+
     fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         if self.state.in_flight.load(Ordering::Relaxed) > 0 {
             self.touch();
@@ -212,19 +233,8 @@ impl AsyncWrite for IdleIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    self.touch();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Pending => match self.check(cx) {
-                Ok(()) => Poll::Pending,
-                Err(e) => Poll::Ready(Err(e)),
-            },
-            other => other,
-        }
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.after_write(cx, polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -240,19 +250,8 @@ impl AsyncWrite for IdleIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    self.touch();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Pending => match self.check(cx) {
-                Ok(()) => Poll::Pending,
-                Err(e) => Poll::Ready(Err(e)),
-            },
-            other => other,
-        }
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.after_write(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
