@@ -1,4 +1,4 @@
-//! `wisp-bench` (run by `./dev bench`), two suites, each side by side in one run:
+//! `wisp-bench` (run by `./dev bench`): suites that each measure side by side in one run:
 //!
 //! - `http`: the server over HTTP with binary tensors vs the same backend called in-process with
 //!   no server (the limit), for the tiny `add_sub` and the MobileNet-class PP-OCR direction

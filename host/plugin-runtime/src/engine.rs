@@ -177,7 +177,10 @@ fn cache_key(engine: &Engine, wasm: &[u8]) -> String {
     h.0.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-#[allow(unsafe_code)]
+#[expect(
+    unsafe_code,
+    reason = "wasmtime deserialization of our own cache entries"
+)]
 fn load_cached(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
     // SAFETY: `deserialize_file` trusts the file to be a component precompiled by this wasmtime
     // with compatible settings. Only this module writes the cache directory, always through a
@@ -187,7 +190,10 @@ fn load_cached(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
     unsafe { Component::deserialize_file(engine, path) }
 }
 
-#[allow(unsafe_code)]
+#[expect(
+    unsafe_code,
+    reason = "wasmtime deserialization of bytes this engine just compiled"
+)]
 fn load_precompiled(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Component> {
     // SAFETY: `bytes` came from `engine.precompile_component` on this very engine, moments ago.
     unsafe { Component::deserialize(engine, bytes) }
