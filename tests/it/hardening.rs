@@ -764,3 +764,30 @@ async fn tls_and_mutual_tls_over_http_and_grpc() {
     );
     server.shutdown().await.unwrap();
 }
+
+/// Settings are checked before any model loads, and every error is reported at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_setting_is_reported_before_models_load() {
+    let mut s = wisp_server::settings::Settings::for_repository(fixture_repo());
+    s.http_port = 0;
+    s.grpc_port = 0;
+    s.metrics_port = 0;
+    s.http_restricted_api = vec!["nope:k=v".into()];
+    s.cache_config = vec!["bogus".into()];
+    s.http_use_ssl = true;
+    s.require_signed_models = true;
+    s.host_policy = vec!["x".into()];
+    let e = match wisp_server::Server::start(s).await {
+        Ok(_) => panic!("bad settings were accepted"),
+        Err(e) => e.to_string(),
+    };
+    for needle in [
+        "--http-restricted-api",
+        "bogus",
+        "--http-use-ssl needs --http-server-cert",
+        "--require-signed-models needs --model-verify-key",
+        "host",
+    ] {
+        assert!(e.contains(needle), "'{e}' lacks '{needle}'");
+    }
+}

@@ -35,6 +35,116 @@ use wisp_backend_onnx::{find_onnxruntime, EngineChoice, OnnxBackend};
 use registry::{LoadOptions, Registry};
 use settings::{ControlMode, OnnxEngine, Settings};
 
+/// Every setting that needs parsing beyond clap's, parsed in one pass.
+struct Resolved {
+    metrics: Option<metrics::MetricsOptions>,
+    cache_size: Option<usize>,
+    host_policies: host_policy::HostPolicies,
+    verify_key: Option<ed25519_dalek::VerifyingKey>,
+    http_restricted: restricted::Restrictions,
+    grpc_restricted: restricted::Restrictions,
+    http_tls: Option<tokio_rustls::TlsAcceptor>,
+    grpc_tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// The value, or `None` with its error noted.
+fn take<T>(errors: &mut Vec<String>, r: Result<T, String>) -> Option<T> {
+    r.map_err(|e| errors.push(e)).ok()
+}
+
+impl Resolved {
+    /// Parses every setting, collecting every error rather than stopping at the first.
+    fn from(s: &Settings) -> anyhow::Result<Self> {
+        let mut errors: Vec<String> = Vec::new();
+        let metrics = if s.allow_metrics {
+            take(
+                &mut errors,
+                metrics::MetricsOptions::parse(&s.metrics_config),
+            )
+        } else {
+            None
+        };
+        let cache_size = take(&mut errors, cache::parse_cache_config(&s.cache_config));
+        let host_policies = take(
+            &mut errors,
+            host_policy::HostPolicies::parse(&s.host_policy),
+        );
+        let verify_key = match &s.model_verify_key {
+            Some(path) => take(
+                &mut errors,
+                signing::read_public_key(path).map_err(|e| format!("--model-verify-key: {e}")),
+            ),
+            None if s.require_signed_models => {
+                take(
+                    &mut errors,
+                    Err::<(), _>("--require-signed-models needs --model-verify-key".into()),
+                );
+                None
+            }
+            None => None,
+        };
+        let http_restricted = take(
+            &mut errors,
+            restricted::Restrictions::parse(&s.http_restricted_api, "--http-restricted-api", ""),
+        );
+        let grpc_restricted = take(
+            &mut errors,
+            restricted::Restrictions::parse(
+                &s.grpc_restricted_protocol,
+                "--grpc-restricted-protocol",
+                restricted::GRPC_HEADER_PREFIX,
+            ),
+        );
+        let tls_files = |cert: &Option<std::path::PathBuf>,
+                         key: &Option<std::path::PathBuf>,
+                         root: &Option<std::path::PathBuf>,
+                         mutual: bool| tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            root: root.clone(),
+            mutual,
+        };
+        let http_tls = if s.http_use_ssl {
+            let files = tls_files(
+                &s.http_server_cert,
+                &s.http_server_key,
+                &s.http_root_cert,
+                s.http_use_ssl_mutual,
+            );
+            take(
+                &mut errors,
+                tls::acceptor(&files, "--http", &[b"h2", b"http/1.1"]),
+            )
+        } else {
+            None
+        };
+        let grpc_tls = if s.grpc_use_ssl {
+            let files = tls_files(
+                &s.grpc_server_cert,
+                &s.grpc_server_key,
+                &s.grpc_root_cert,
+                s.grpc_use_ssl_mutual,
+            );
+            take(&mut errors, tls::acceptor(&files, "--grpc", &[b"h2"]))
+        } else {
+            None
+        };
+        if !errors.is_empty() {
+            anyhow::bail!("invalid settings:\n  - {}", errors.join("\n  - "));
+        }
+        Ok(Resolved {
+            metrics,
+            cache_size: cache_size.flatten(),
+            host_policies: host_policies.unwrap_or_default(),
+            verify_key,
+            http_restricted: http_restricted.unwrap_or_default(),
+            grpc_restricted: grpc_restricted.unwrap_or_default(),
+            http_tls,
+            grpc_tls,
+        })
+    }
+}
+
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
@@ -52,6 +162,8 @@ pub struct Server {
 impl Server {
     /// Loads the models and starts serving HTTP. Must be called inside a tokio runtime.
     pub async fn start(settings: Settings) -> anyhow::Result<Server> {
+        // Every setting is checked before any model loads, and every error is reported.
+        let resolved = Resolved::from(&settings)?;
         let lib = match settings.onnx_engine {
             OnnxEngine::Tract => None,
             _ => find_onnxruntime(
@@ -77,37 +189,26 @@ impl Server {
             Some(caller.clone()),
         );
         let verify_failures = Arc::new(signing::VerifyFailures::default());
-        let verification = match &settings.model_verify_key {
-            Some(path) => Some(signing::Verification {
-                key: signing::read_public_key(path)
-                    .map_err(|e| anyhow::anyhow!("--model-verify-key: {e}"))?,
-                required: settings.require_signed_models,
-                failures: verify_failures.clone(),
-            }),
-            None if settings.require_signed_models => {
-                anyhow::bail!("--require-signed-models needs --model-verify-key")
-            }
-            None => None,
-        };
-        let metrics = if settings.allow_metrics {
-            let o = metrics::MetricsOptions::parse(&settings.metrics_config)
-                .map_err(|e| anyhow::anyhow!(e))?;
-            Some(
+        let verification = resolved.verify_key.map(|key| signing::Verification {
+            key,
+            required: settings.require_signed_models,
+            failures: verify_failures.clone(),
+        });
+        let metrics = match resolved.metrics {
+            Some(o) => Some(
                 metrics::Metrics::new(o, plugin_failures, verify_failures.clone())
                     .map_err(|e| anyhow::anyhow!(e))?,
-            )
-        } else {
-            None
+            ),
+            None => None,
         };
-        let cache = cache::parse_cache_config(&settings.cache_config)
-            .map_err(|e| anyhow::anyhow!(e))?
+        let cache = resolved
+            .cache_size
             .map(|size| Arc::new(cache::ResponseCache::new(size)));
         let opts = LoadOptions {
             autocomplete: !settings.disable_auto_complete_config,
             threads: settings.model_load_thread_count,
             metrics: metrics.clone(),
-            host_policies: host_policy::HostPolicies::parse(&settings.host_policy)
-                .map_err(|e| anyhow::anyhow!(e))?,
+            host_policies: resolved.host_policies,
             verification,
         };
         let registry = Arc::new(Registry::new(
@@ -137,18 +238,6 @@ impl Server {
         if settings.exit_on_error && !registry.all_ready() {
             anyhow::bail!("some models failed to load and --exit-on-error is set");
         }
-        let http_restricted = restricted::Restrictions::parse(
-            &settings.http_restricted_api,
-            "--http-restricted-api",
-            "",
-        )
-        .map_err(|e| anyhow::anyhow!(e))?;
-        let grpc_restricted = restricted::Restrictions::parse(
-            &settings.grpc_restricted_protocol,
-            "--grpc-restricted-protocol",
-            restricted::GRPC_HEADER_PREFIX,
-        )
-        .map_err(|e| anyhow::anyhow!(e))?;
         let service = Arc::new(service::Service {
             registry: registry.clone(),
             cache,
@@ -170,7 +259,7 @@ impl Server {
         });
         let state = Arc::new(http::AppState {
             service: service.clone(),
-            restricted: http_restricted,
+            restricted: resolved.http_restricted,
             max_input_size: settings.http_max_input_size,
             body_timeout: std::time::Duration::from_secs(settings.http_body_timeout_secs),
             budget: Arc::new(tokio::sync::Semaphore::new(
@@ -199,38 +288,7 @@ impl Server {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "HTTP front end listening");
         let (tx, rx) = tokio::sync::watch::channel(false);
-        let http_tls = settings
-            .http_use_ssl
-            .then(|| {
-                tls::acceptor(
-                    &tls::TlsFiles {
-                        cert: settings.http_server_cert.clone(),
-                        key: settings.http_server_key.clone(),
-                        root: settings.http_root_cert.clone(),
-                        mutual: settings.http_use_ssl_mutual,
-                    },
-                    "--http",
-                    &[b"h2", b"http/1.1"],
-                )
-            })
-            .transpose()
-            .map_err(anyhow::Error::msg)?;
-        let grpc_tls = settings
-            .grpc_use_ssl
-            .then(|| {
-                tls::acceptor(
-                    &tls::TlsFiles {
-                        cert: settings.grpc_server_cert.clone(),
-                        key: settings.grpc_server_key.clone(),
-                        root: settings.grpc_root_cert.clone(),
-                        mutual: settings.grpc_use_ssl_mutual,
-                    },
-                    "--grpc",
-                    &[b"h2"],
-                )
-            })
-            .transpose()
-            .map_err(anyhow::Error::msg)?;
+        let (http_tls, grpc_tls) = (resolved.http_tls, resolved.grpc_tls);
         let limits = conn::ConnLimits {
             header_timeout: std::time::Duration::from_secs(settings.http_header_timeout_secs),
             idle_timeout: std::time::Duration::from_secs(settings.idle_timeout_secs),
@@ -302,7 +360,7 @@ impl Server {
                 .add_service(health_svc)
                 .into_axum_router()
                 .layer(axum::middleware::from_fn_with_state(
-                    Arc::new(grpc_restricted),
+                    Arc::new(resolved.grpc_restricted),
                     grpc::guard,
                 ));
             let (limits, gate, rx) = (limits.clone(), gate.clone(), rx.clone());
