@@ -791,3 +791,42 @@ async fn every_bad_setting_is_reported_before_models_load() {
         assert!(e.contains(needle), "'{e}' lacks '{needle}'");
     }
 }
+
+/// Past `--max-inflight-bytes` a request is refused, not queued: HTTP 503, gRPC
+/// RESOURCE_EXHAUSTED, with the flag named; smaller requests go on being served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_flight_budget_refuses_what_does_not_fit() {
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
+        s.max_inflight_bytes = 64 << 10;
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let big = json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16],
+        "data": vec![1.0f32; 16], "pad": "x".repeat(20 << 10)}]});
+    let r = c.post_json("/v2/models/add_sub/infer", &big).await.unwrap();
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert!(String::from_utf8_lossy(&r.body).contains("--max-inflight-bytes"));
+    let mut g = GrpcClient::connect(server.grpc_addr().unwrap())
+        .await
+        .unwrap();
+    let req = pb::ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![pb::model_infer_request::InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 32768],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![vec![0u8; 128 << 10].into()],
+        ..Default::default()
+    };
+    let (code, msg) = g
+        .unary::<_, pb::ModelInferResponse>("ModelInfer", &req)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(code, 8, "{msg}");
+    assert!(msg.contains("--max-inflight-bytes"), "{msg}");
+    still_serves(&mut c).await;
+    server.shutdown().await.unwrap();
+}

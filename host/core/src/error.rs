@@ -20,6 +20,9 @@ pub enum ErrorKind {
     Internal,
     /// The request is larger than a configured limit allows (HTTP 413, gRPC RESOURCE_EXHAUSTED).
     TooLarge,
+    /// The server is at a capacity limit for now; retry later (HTTP 503, gRPC
+    /// RESOURCE_EXHAUSTED).
+    Exhausted,
 }
 
 impl ErrorKind {
@@ -32,7 +35,7 @@ impl ErrorKind {
             ErrorKind::Unsupported => "UNSUPPORTED",
             ErrorKind::AlreadyExists => "ALREADY_EXISTS",
             ErrorKind::Internal => "INTERNAL",
-            ErrorKind::TooLarge => "RESOURCE_EXHAUSTED",
+            ErrorKind::TooLarge | ErrorKind::Exhausted => "RESOURCE_EXHAUSTED",
         }
     }
 }
@@ -68,6 +71,10 @@ impl Error {
     /// An [`ErrorKind::Internal`] error.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
+    }
+    /// An [`ErrorKind::Exhausted`] error.
+    pub fn exhausted(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Exhausted, message)
     }
     /// An [`ErrorKind::TooLarge`] error.
     pub fn too_large(message: impl Into<String>) -> Self {

@@ -60,7 +60,8 @@ fn code_for(kind: ErrorKind) -> errors::ErrorCode {
         ErrorKind::Unavailable
         | ErrorKind::AlreadyExists
         | ErrorKind::Internal
-        | ErrorKind::TooLarge => errors::ErrorCode::RuntimeError,
+        | ErrorKind::TooLarge
+        | ErrorKind::Exhausted => errors::ErrorCode::RuntimeError,
     }
 }
 

@@ -39,7 +39,7 @@ pub fn status(e: Error) -> Status {
         ErrorKind::Unsupported => tonic::Code::Unimplemented,
         ErrorKind::AlreadyExists => tonic::Code::AlreadyExists,
         ErrorKind::Internal => tonic::Code::Internal,
-        ErrorKind::TooLarge => tonic::Code::ResourceExhausted,
+        ErrorKind::TooLarge | ErrorKind::Exhausted => tonic::Code::ResourceExhausted,
     };
     Status::new(code, e.message().to_string())
 }
@@ -240,6 +240,20 @@ async fn infer(
     mut req: pb::ModelInferRequest,
 ) -> Result<pb::ModelInferResponse, Error> {
     let received = std::time::Instant::now();
+    // Raw contents are sliced from the message without copies; typed contents are converted
+    // into a second buffer of about their size.
+    let size: u64 = req
+        .raw_input_contents
+        .iter()
+        .map(|r| r.len() as u64)
+        .sum::<u64>()
+        + req
+            .inputs
+            .iter()
+            .filter_map(|t| t.contents.as_ref())
+            .map(|c| 2 * prost::Message::encoded_len(c) as u64)
+            .sum::<u64>();
+    let _budget = service.admit(size)?;
     let version = (!req.model_version.is_empty()).then(|| std::mem::take(&mut req.model_version));
     let m = service.model(&req.model_name, version.as_deref())?;
     let decoded = decode(req);

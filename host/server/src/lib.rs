@@ -244,6 +244,11 @@ impl Server {
             strict_readiness: settings.strict_readiness,
             control_mode: settings.model_control_mode,
             signed_only: settings.require_signed_models,
+            budget: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(settings.max_inflight_bytes / 1024)
+                    .unwrap_or(usize::MAX)
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
             logging: logging::LogControl::new(logging::LogSettings {
                 log_file: settings
                     .log_file
@@ -262,11 +267,6 @@ impl Server {
             restricted: resolved.http_restricted,
             max_input_size: settings.http_max_input_size,
             body_timeout: std::time::Duration::from_secs(settings.http_body_timeout_secs),
-            budget: Arc::new(tokio::sync::Semaphore::new(
-                usize::try_from(settings.max_inflight_bytes / 1024)
-                    .unwrap_or(usize::MAX)
-                    .min(tokio::sync::Semaphore::MAX_PERMITS),
-            )),
         });
         let poller = (settings.model_control_mode == ControlMode::Poll).then(|| {
             let r = registry.clone();

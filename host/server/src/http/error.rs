@@ -8,7 +8,7 @@ use wisp_core::{Error, ErrorKind};
 pub fn status(kind: ErrorKind) -> StatusCode {
     match kind {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
-        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Unavailable | ErrorKind::Exhausted => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,

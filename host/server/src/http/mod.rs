@@ -43,9 +43,6 @@ pub struct AppState {
     pub max_input_size: usize,
     /// How long a client has to send a whole body (`--http-body-timeout-secs`).
     pub body_timeout: std::time::Duration,
-    /// The in-flight decode budget, in KiB (`--max-inflight-bytes`): every infer request holds
-    /// an estimate of its decoding memory from its body until its response is built.
-    pub budget: Arc<tokio::sync::Semaphore>,
     /// API groups gated behind a header (`--http-restricted-api`).
     pub restricted: crate::restricted::Restrictions,
 }
@@ -277,10 +274,9 @@ const INLINE_DECODE_BYTES: usize = 64 * 1024;
 /// What a body may cost in memory while its request runs, in KiB, charged against the
 /// in-flight budget: the body itself, plus for its JSON part the tensors decoded from it (at
 /// most 4 bytes per byte of text: FP64 from `1,`); binary data is sliced without copies.
-fn decode_cost_kib(body_len: usize, header_len: Option<usize>) -> u32 {
+fn decode_cost(body_len: usize, header_len: Option<usize>) -> u64 {
     let json = header_len.map_or(body_len, |n| n.min(body_len));
-    let bytes = (json as u64) * 5 + (body_len - json) as u64;
-    u32::try_from(bytes / 1024 + 1).unwrap_or(u32::MAX)
+    (json as u64) * 5 + (body_len - json) as u64
 }
 
 async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request) -> ApiResult {
@@ -299,13 +295,7 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
     };
     let received = std::time::Instant::now();
     let body = read_body(app, &parts.headers, body).await?;
-    let cost = decode_cost_kib(body.len(), header_len);
-    let _budget = app.budget.clone().try_acquire_many_owned(cost).map_err(|_| {
-        tracing::warn!(model, bytes = body.len(), "request refused: the in-flight decode budget is spent");
-        Error::unavailable(
-            "the server is at its in-flight request memory budget (--max-inflight-bytes); retry later",
-        )
-    })?;
+    let _budget = app.service.admit(decode_cost(body.len(), header_len))?;
     let decoded = if body.len() > INLINE_DECODE_BYTES {
         let cfg = m.config.clone();
         tokio::task::spawn_blocking(move || codec::decode(body, header_len, &cfg))
