@@ -830,3 +830,88 @@ async fn the_in_flight_budget_refuses_what_does_not_fit() {
     still_serves(&mut c).await;
     server.shutdown().await.unwrap();
 }
+
+/// A `ModelStreamInfer` client that sends without reading its responses is slowed down by
+/// flow control once its stream has `--grpc-stream-max-in-flight` requests in flight, instead
+/// of having the server buffer without limit; what it sent is still all answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_client_that_does_not_read_is_slowed_down() {
+    use http_body_util::BodyExt;
+    use prost::Message;
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |_| {}).await;
+    let tcp = tokio::net::TcpStream::connect(server.grpc_addr().unwrap())
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let (mut tx, body) =
+        http_body_util::channel::Channel::<bytes::Bytes, std::convert::Infallible>::new(4);
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("http://127.0.0.1/inference.GRPCInferenceService/ModelStreamInfer")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body)
+        .unwrap();
+    let response = tokio::spawn(async move { sender.send_request(req).await });
+    let data = wisp_tests::f32_bytes(&[1.0; 16]);
+    let input = |n: &str| pb::model_infer_request::InferInputTensor {
+        name: n.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    let msg = pb::ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![input("INPUT0"), input("INPUT1")],
+        raw_input_contents: vec![data.clone().into(), data.into()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend((msg.len() as u32).to_be_bytes());
+    frame.extend(&msg);
+    let frame = bytes::Bytes::from(frame);
+    let start = Instant::now();
+    let mut sent = 0usize;
+    let mut blocked = false;
+    while start.elapsed() < Duration::from_secs(6) {
+        match tokio::time::timeout(Duration::from_millis(1500), tx.send_data(frame.clone())).await {
+            Ok(Ok(())) => sent += 1,
+            Ok(Err(_)) => panic!("the stream was closed"),
+            Err(_) => {
+                blocked = true;
+                break;
+            }
+        }
+    }
+    eprintln!("sent {sent} messages before the stream pushed back (blocked: {blocked})");
+    assert!(
+        blocked,
+        "sent {sent} messages in 6 s without being slowed down"
+    );
+    // Reading the responses releases the stream: every message sent is answered.
+    drop(tx);
+    let resp = response.await.unwrap().unwrap();
+    let body = tokio::time::timeout(Duration::from_secs(60), resp.into_body().collect())
+        .await
+        .expect("responses in time")
+        .unwrap()
+        .to_bytes();
+    let mut answered = 0;
+    let mut rest = &body[..];
+    while rest.len() >= 5 {
+        let n = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let r = pb::ModelStreamInferResponse::decode(&rest[5..5 + n]).unwrap();
+        assert!(r.error_message.is_empty(), "{}", r.error_message);
+        answered += 1;
+        rest = &rest[5 + n..];
+    }
+    assert!(answered >= sent, "{answered} answers for {sent} messages");
+    server.shutdown().await.unwrap();
+}
