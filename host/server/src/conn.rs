@@ -33,6 +33,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::{Instant, Sleep};
 
+/// The smallest HTTP/1 read buffer (hyper's default), which is also the cap on an HTTP/1
+/// request head when `--max-header-size` is below it.
+const HTTP1_MIN_BUF: usize = 400 * 1024;
+
 /// The limits one listener applies.
 #[derive(Debug, Clone)]
 pub struct ConnLimits {
@@ -42,7 +46,8 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
     /// HTTP/2 streams one connection may have open at once.
     pub max_concurrent_streams: u32,
-    /// Largest request header block, in bytes (HTTP/1 and HTTP/2).
+    /// Largest request header block, in bytes: HTTP/2 header lists; HTTP/1 heads are capped at
+    /// the larger of this and 400 KiB (hyper's read buffer).
     pub max_header_size: usize,
 }
 
@@ -291,7 +296,9 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .max_buf_size(limits.max_header_size.max(8192));
+        // hyper caps an HTTP/1 head at its read buffer; the buffer also sizes body reads, so
+        // it stays at least hyper's default (400 KiB) and large bodies are read in few chunks.
+        .max_buf_size(limits.max_header_size.max(HTTP1_MIN_BUF));
     builder
         .http2()
         .timer(TokioTimer::new())

@@ -148,7 +148,8 @@ pub struct Settings {
     #[arg(long)]
     pub max_connections: Option<usize>,
 
-    /// Largest request header block in bytes (HTTP/1 and HTTP/2).
+    /// Largest request header block in bytes: HTTP/2 header lists; an HTTP/1 head is capped at
+    /// the larger of this and 400 KiB (hyper's read buffer, which also sizes body reads).
     #[arg(long, default_value_t = 32 * 1024, value_parser = clap::value_parser!(u64).range(1024..=1048576))]
     pub max_header_size: u64,
 

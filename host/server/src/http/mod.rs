@@ -267,8 +267,9 @@ async fn read_raw(headers: &HeaderMap, body: Body, limit: usize) -> Result<Raw, 
     }
 }
 
-/// Bodies up to this size are decoded on the async worker; larger ones on the blocking pool,
-/// so that a few large requests cannot stall health checks.
+/// Requests whose JSON part is up to this size are decoded on the async worker; larger ones on
+/// the blocking pool, so that a few large requests cannot stall health checks. Binary tensor
+/// data is sliced, not decoded, so it does not count.
 const INLINE_DECODE_BYTES: usize = 64 * 1024;
 
 /// What a body may cost in memory while its request runs, in KiB, charged against the
@@ -296,7 +297,8 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
     let received = std::time::Instant::now();
     let body = read_body(app, &parts.headers, body).await?;
     let _budget = app.service.admit(decode_cost(body.len(), header_len))?;
-    let decoded = if body.len() > INLINE_DECODE_BYTES {
+    let json_len = header_len.map_or(body.len(), |n| n.min(body.len()));
+    let decoded = if json_len > INLINE_DECODE_BYTES {
         let cfg = m.config.clone();
         tokio::task::spawn_blocking(move || codec::decode(body, header_len, &cfg))
             .await
