@@ -48,7 +48,7 @@ pub fn status(e: Error) -> Status {
 /// (Triton's `--grpc-restricted-protocol`: UNAVAILABLE, Triton's message), and reports a request
 /// over `--grpc-max-message-size` as RESOURCE_EXHAUSTED, gRPC's code for it, where tonic says
 /// OUT_OF_RANGE. (A unary call's size error is in the response headers, which is where it is
-/// rewritten; on a stream it arrives later, in the trailers, and keeps tonic's code.)
+/// rewritten; a stream's is mapped where `model_stream_infer` reads its messages.)
 pub async fn guard(
     axum::extract::State(restricted): axum::extract::State<Arc<crate::restricted::Restrictions>>,
     req: axum::extract::Request,
@@ -66,10 +66,8 @@ pub async fn guard(
     let mut resp = next.run(req).await;
     let h = resp.headers_mut();
     let oversize = h.get("grpc-status").is_some_and(|v| v == "11")
-        && h.get("grpc-message").is_some_and(|m| {
-            let m = m.as_bytes();
-            m.windows(9).any(|w| w == b"too large") || m.windows(11).any(|w| w == b"too%20large")
-        });
+        && h.get("grpc-message")
+            .is_some_and(|m| is_oversize(tonic::Code::OutOfRange, m.as_bytes()));
     if oversize {
         h.insert(
             "grpc-status",
@@ -77,6 +75,23 @@ pub async fn guard(
         );
     }
     resp
+}
+
+/// Whether tonic's message for `status` is its "message length too large" decode error.
+fn is_oversize(code: tonic::Code, message: &[u8]) -> bool {
+    code == tonic::Code::OutOfRange
+        && (message.windows(9).any(|w| w == b"too large")
+            || message.windows(11).any(|w| w == b"too%20large"))
+}
+
+/// A `ModelStreamInfer` message that failed to decode: tonic's status, except that a message
+/// over `--grpc-max-message-size` is RESOURCE_EXHAUSTED.
+fn stream_decode_status(e: Status) -> Status {
+    if is_oversize(e.code(), e.message().as_bytes()) {
+        Status::resource_exhausted(e.message().to_string())
+    } else {
+        e
+    }
 }
 
 /// The service.
@@ -390,7 +405,15 @@ impl GrpcInferenceService for GrpcService {
                 let Some(next) = inbound.next().await else {
                     break;
                 };
-                let Ok(req) = next else { break };
+                let req = match next {
+                    Ok(req) => req,
+                    Err(e) => {
+                        // The stream ends with the decode error, an oversize message reported
+                        // as RESOURCE_EXHAUSTED as for unary calls.
+                        let _ = tx.send(Err(stream_decode_status(e))).await;
+                        break;
+                    }
+                };
                 let (service, tx) = (service.clone(), tx.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
