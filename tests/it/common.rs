@@ -81,3 +81,53 @@ pub async fn connect_when_up(addr: std::net::SocketAddr) -> wisp_tests::Client {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// The `wisp` program in a process of its own (so that its memory is its own).
+pub struct Spawned {
+    /// Killed when the test ends.
+    pub child: Child,
+    /// Its HTTP address.
+    pub http: std::net::SocketAddr,
+    /// Its gRPC address.
+    pub grpc: std::net::SocketAddr,
+}
+
+impl Spawned {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+}
+
+/// Starts `wisp serve` on `repo` with the tract engine, every port a free loopback one, info
+/// logs off, and `extra` arguments; with `fd_limit`, under that open-file limit. It may still
+/// be starting when this returns: see [`connect_when_up`].
+pub fn spawn_wisp(repo: &Path, extra: &[&str], fd_limit: Option<u32>) -> Spawned {
+    let bin = env!("CARGO_BIN_EXE_wisp-test-serve");
+    let (http, grpc, metrics) = (free_port(), free_port(), free_port());
+    let mut cmd = match fd_limit {
+        None => std::process::Command::new(bin),
+        Some(n) => {
+            let mut sh = std::process::Command::new("sh");
+            sh.arg("-c")
+                .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                .arg(bin);
+            sh
+        }
+    };
+    cmd.args(["serve", "--model-repository"])
+        .arg(repo)
+        .args(["--http-address", "127.0.0.1", "--onnx-engine", "tract"])
+        .args(["--http-port", &http.to_string()])
+        .args(["--grpc-port", &grpc.to_string()])
+        .args(["--metrics-port", &metrics.to_string()])
+        .args(["--log-info", "false"])
+        .args(extra);
+    let child = Child(cmd.spawn().expect("wisp-test-serve starts"));
+    let loopback = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    Spawned {
+        child,
+        http: loopback(http),
+        grpc: loopback(grpc),
+    }
+}

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use wisp_server::grpc::pb;
 use wisp_tests::{bytes_element, f32_bytes, fixture_repo, Client, GrpcClient};
 
-use crate::common::{connect_when_up, free_port, peak_rss_bytes, Child};
+use crate::common::{connect_when_up, peak_rss_bytes, spawn_wisp};
 
 /// One hostile HTTP request and what it must get.
 struct Case {
@@ -652,28 +652,18 @@ async fn normal(c: &mut Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bad_input_corpus_gets_clear_errors_and_bounded_memory() {
-    let port = free_port();
-    let grpc_port = free_port();
-    let child = Child(
-        std::process::Command::new(env!("CARGO_BIN_EXE_wisp-test-serve"))
-            .args(["serve", "--model-repository"])
-            .arg(fixture_repo())
-            .args(["--http-address", "127.0.0.1", "--onnx-engine", "tract"])
-            .args(["--http-port", &port.to_string()])
-            .args(["--grpc-port", &grpc_port.to_string()])
-            .args([
-                "--metrics-port",
-                &free_port().to_string(),
-                "--log-info",
-                "false",
-            ])
-            .args(["--http-max-input-size", &(1 << 20).to_string()])
-            .args(["--grpc-max-message-size", &(1 << 20).to_string()])
-            .spawn()
-            .expect("wisp-test-serve starts"),
+    let limit = (1 << 20).to_string();
+    let child = spawn_wisp(
+        &fixture_repo(),
+        &[
+            "--http-max-input-size",
+            &limit,
+            "--grpc-max-message-size",
+            &limit,
+        ],
+        None,
     );
-    let pid = child.0.id();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (pid, addr, gaddr) = (child.pid(), child.http, child.grpc);
     let mut c = connect_when_up(addr).await;
     normal(&mut c).await;
     let before = peak_rss_bytes(pid);
@@ -738,7 +728,6 @@ async fn the_bad_input_corpus_gets_clear_errors_and_bounded_memory() {
     assert!(r.map(|r| r.status == 431).unwrap_or(true), "huge headers");
     c = Client::connect(addr).await.unwrap();
     normal(&mut c).await;
-    let gaddr: std::net::SocketAddr = format!("127.0.0.1:{grpc_port}").parse().unwrap();
     let grpc = grpc_cases();
     let n_grpc = grpc.len();
     for (what, req, code, needle) in grpc {
@@ -779,22 +768,8 @@ async fn the_bad_input_corpus_gets_clear_errors_and_bounded_memory() {
 /// evicts the idlest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_flood_at_a_low_fd_limit_does_not_lock_out_health_checks() {
-    let port = free_port();
-    let bin = env!("CARGO_BIN_EXE_wisp-test-serve");
-    let repo = fixture_repo();
-    let script = format!(
-        "ulimit -n 256 && exec {bin} serve --model-repository {} --http-address 127.0.0.1 --onnx-engine tract --http-port {port} --grpc-port {} --metrics-port {} --log-info false",
-        repo.display(),
-        free_port(),
-        free_port()
-    );
-    let child = Child(
-        std::process::Command::new("sh")
-            .args(["-c", &script])
-            .spawn()
-            .expect("wisp-test-serve starts"),
-    );
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let child = spawn_wisp(&fixture_repo(), &[], Some(256));
+    let addr = child.http;
     let mut c = connect_when_up(addr).await;
     drop(c);
     let mut flood = Vec::new();

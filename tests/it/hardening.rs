@@ -11,7 +11,7 @@ use wisp_server::grpc::pb;
 use wisp_server::settings::{ControlMode, OnnxEngine};
 use wisp_tests::{add_plugin_model, config_param, copy_dir, fixture_repo, Client, GrpcClient};
 
-use crate::common::{connect_when_up, free_port, peak_rss_bytes, start_with, Child};
+use crate::common::{connect_when_up, peak_rss_bytes, spawn_wisp, start_with};
 
 fn add_sub_request() -> Value {
     json!({
@@ -523,25 +523,8 @@ async fn slow_idle_and_excess_connections_are_cut_off() {
 /// grows by a small multiple of the body at most.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compression_bomb_costs_memory_in_proportion_to_its_body() {
-    let port = free_port();
-    let child = Child(
-        std::process::Command::new(env!("CARGO_BIN_EXE_wisp-test-serve"))
-            .args(["serve", "--model-repository"])
-            .arg(fixture_repo())
-            .args(["--http-address", "127.0.0.1", "--onnx-engine", "tract"])
-            .args(["--http-port", &port.to_string()])
-            .args(["--grpc-port", &free_port().to_string()])
-            .args([
-                "--metrics-port",
-                &free_port().to_string(),
-                "--log-info",
-                "false",
-            ])
-            .spawn()
-            .expect("wisp-test-serve starts"),
-    );
-    let pid = child.0.id();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let child = spawn_wisp(&fixture_repo(), &[], None);
+    let (pid, addr) = (child.pid(), child.http);
     let mut c = connect_when_up(addr).await;
     still_serves(&mut c).await;
     let before = peak_rss_bytes(pid);
@@ -839,26 +822,9 @@ async fn a_stream_client_that_does_not_read_is_slowed_down() {
     use http_body_util::BodyExt;
     use prost::Message;
     let server = start_with(&fixture_repo(), OnnxEngine::Tract, |_| {}).await;
-    let tcp = tokio::net::TcpStream::connect(server.grpc_addr().unwrap())
-        .await
-        .unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
     let (mut tx, body) =
         http_body_util::channel::Channel::<bytes::Bytes, std::convert::Infallible>::new(4);
-    let req = hyper::Request::builder()
-        .method("POST")
-        .uri("http://127.0.0.1/inference.GRPCInferenceService/ModelStreamInfer")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(body)
-        .unwrap();
-    let response = tokio::spawn(async move { sender.send_request(req).await });
+    let response = raw_stream_infer(server.grpc_addr().unwrap(), body).await;
     let data = wisp_tests::f32_bytes(&[1.0; 16]);
     let input = |n: &str| pb::model_infer_request::InferInputTensor {
         name: n.into(),
@@ -914,4 +880,65 @@ async fn a_stream_client_that_does_not_read_is_slowed_down() {
     }
     assert!(answered >= sent, "{answered} answers for {sent} messages");
     server.shutdown().await.unwrap();
+}
+
+/// A `ModelStreamInfer` message over `--grpc-max-message-size` ends the stream with
+/// RESOURCE_EXHAUSTED, as a unary call's does, and the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_stream_message_is_resource_exhausted() {
+    use http_body_util::BodyExt;
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
+        s.grpc_max_message_size = 4096;
+    })
+    .await;
+    // A frame header claiming 8 KiB, then the 8 KiB.
+    let mut frame = vec![0u8];
+    frame.extend(8192u32.to_be_bytes());
+    frame.extend(vec![0u8; 8192]);
+    let body = http_body_util::Full::new(bytes::Bytes::from(frame));
+    let resp = raw_stream_infer(server.grpc_addr().unwrap(), body)
+        .await
+        .await
+        .unwrap()
+        .unwrap();
+    let collected = tokio::time::timeout(Duration::from_secs(20), resp.into_body().collect())
+        .await
+        .expect("the stream ends in time")
+        .unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers");
+    assert_eq!(trailers["grpc-status"], "8", "{trailers:?}");
+    let message = trailers["grpc-message"].to_str().unwrap();
+    assert!(message.contains("too%20large"), "{message}");
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    still_serves(&mut c).await;
+    server.shutdown().await.unwrap();
+}
+
+/// Starts a `ModelStreamInfer` call on its own HTTP/2 connection, with `body` as the raw
+/// request stream (gRPC frames), so that a test controls every byte and when it is sent.
+async fn raw_stream_infer<B>(
+    addr: std::net::SocketAddr,
+    body: B,
+) -> tokio::task::JoinHandle<hyper::Result<hyper::Response<hyper::body::Incoming>>>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("http://127.0.0.1/inference.GRPCInferenceService/ModelStreamInfer")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body)
+        .unwrap();
+    tokio::spawn(async move { sender.send_request(req).await })
 }

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use wisp_server::settings::{ControlMode, OnnxEngine};
 use wisp_tests::{copy_dir, fixture_repo, workspace_root, Client};
 
-use crate::common::{connect_when_up, free_port, rss_bytes, start_with, Child};
+use crate::common::{connect_when_up, rss_bytes, spawn_wisp, start_with};
 
 fn add_sub_request() -> Value {
     json!({
@@ -343,36 +343,8 @@ async fn poll_mode_follows_the_repository_despite_a_broken_model() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_unload_cycles_return_memory() {
     let repo = workspace_root().join("model_repo");
-    let port = free_port();
-    let child = Child(
-        std::process::Command::new(env!("CARGO_BIN_EXE_wisp-test-serve"))
-            .args(["serve", "--model-repository"])
-            .arg(&repo)
-            .args([
-                "--model-control-mode",
-                "explicit",
-                "--http-address",
-                "127.0.0.1",
-                "--onnx-engine",
-                "tract",
-            ])
-            .args([
-                "--http-port",
-                &port.to_string(),
-                "--grpc-port",
-                &free_port().to_string(),
-            ])
-            .args([
-                "--metrics-port",
-                &free_port().to_string(),
-                "--log-info",
-                "false",
-            ])
-            .spawn()
-            .expect("wisp-test-serve starts"),
-    );
-    let pid = child.0.id();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let child = spawn_wisp(&repo, &["--model-control-mode", "explicit"], None);
+    let (pid, addr) = (child.pid(), child.http);
     let mut c = connect_when_up(addr).await;
     async fn one(c: &mut Client) {
         assert_eq!(
