@@ -399,7 +399,8 @@ impl Registry {
             config_json,
             None,
         )
-        .ok()?;
+        .ok()?
+        .0;
         let without_counts = |c: &ModelConfig| {
             let mut c = c.clone();
             c.instance_group.iter_mut().for_each(|g| g.count = 0);
@@ -797,14 +798,14 @@ fn load_model_inner(
 ) -> ModelEntry {
     let start = Instant::now();
     let name = dir.name.as_str();
-    let cfg = match prepare_config_from(
+    let (cfg, verified) = match prepare_config_from(
         dir,
         backend,
         opts.autocomplete,
         config_json,
         opts.verification.as_ref(),
     ) {
-        Ok(c) => Arc::new(c),
+        Ok((c, verified)) => (Arc::new(c), verified),
         Err(e) => {
             tracing::error!(model = name, error = %e, "model failed to load");
             return ModelEntry::broken(name, e);
@@ -847,7 +848,17 @@ fn load_model_inner(
     let mut versions = BTreeMap::new();
     for v in selected {
         let observer = opts.metrics.as_ref().and_then(|m| m.observer(name, v));
-        let state = match load_version(dir, v, &cfg, &labels, backend, observer, opts) {
+        // The signature is checked before anything reads the version's files (once: the
+        // version auto-complete read is checked already).
+        let checked = match opts.verification.as_ref().filter(|_| verified != Some(v)) {
+            Some(ver) => ver
+                .check(&dir.path, &dir.name, v)
+                .map_err(|why| Error::invalid(format!("integrity check failed: {why}"))),
+            None => Ok(()),
+        };
+        let loaded =
+            checked.and_then(|()| load_version(dir, v, &cfg, &labels, backend, observer, opts));
+        let state = match loaded {
             Ok(m) => {
                 tracing::info!(
                     model = name,
@@ -879,16 +890,20 @@ pub fn prepare_config(
     backend: &dyn Backend,
     autocomplete: bool,
 ) -> Result<ModelConfig> {
-    prepare_config_from(dir, backend, autocomplete, None, None)
+    prepare_config_from(dir, backend, autocomplete, None, None).map(|(cfg, _)| cfg)
 }
 
+/// As [`prepare_config`], from a load request's `config_json` when given; with `verification`,
+/// the version auto-complete reads is checked first, and returned so that it is not hashed
+/// twice.
 fn prepare_config_from(
     dir: &ModelDir,
     backend: &dyn Backend,
     autocomplete: bool,
     config_json: Option<&str>,
     verification: Option<&crate::signing::Verification>,
-) -> Result<ModelConfig> {
+) -> Result<(ModelConfig, Option<u64>)> {
+    let mut verified = None;
     let name = dir.name.as_str();
     let (mut cfg, max_batch_size_set) = match config_json {
         Some(json) => {
@@ -938,6 +953,7 @@ fn prepare_config_from(
                 ver.check(&dir.path, &dir.name, *v).map_err(|why| {
                     Error::invalid(format!("version {v}: integrity check failed: {why}"))
                 })?;
+                verified = Some(*v);
             }
             if file.is_file() {
                 let io = backend.describe(&file)?;
@@ -958,7 +974,7 @@ fn prepare_config_from(
         };
         wisp_plugin_runtime::limits::check_override_narrows(&base, &cfg, &dir.path)?;
     }
-    Ok(cfg)
+    Ok((cfg, verified))
 }
 
 /// Whether a model directory holds an ensemble (judged from its config text).
@@ -986,11 +1002,6 @@ fn load_version(
     opts: &LoadOptions,
 ) -> Result<ModelVersion> {
     let start = Instant::now();
-    if let Some(v) = &opts.verification {
-        // Before anything reads the version's files.
-        v.check(&dir.path, &dir.name, version)
-            .map_err(|why| Error::invalid(format!("integrity check failed: {why}")))?;
-    }
     let file = model_file(&dir.path, version, cfg);
     if !cfg.is_ensemble() {
         repository::confine(
@@ -1144,21 +1155,33 @@ fn warmup_request(
                 let path = repository::confine(&model_dir.join("warmup"), file).map_err(|why| {
                     Error::invalid(format!("input '{name}': input_data_file {why}"))
                 })?;
-                let row = std::fs::read(&path).map_err(|e| {
+                let cannot_read = |e: std::io::Error| {
                     Error::invalid(format!(
                         "input '{name}': cannot read warmup/{file}: {}",
                         e.kind()
                     ))
-                })?;
-                if row.len() as u64 > config::bounds::MAX_WARMUP_BYTES {
-                    return Err(too_large());
-                }
-                // The file holds one batch item; repeat it for the batch size.
-                row.repeat(if cfg.batches() {
-                    sample.batch_size.max(1) as usize
+                };
+                // The file holds one batch item, repeated for the batch size. The bound is
+                // checked on the file's size, before anything is read.
+                let repeat = if cfg.batches() {
+                    sample.batch_size.max(1) as u64
                 } else {
                     1
-                })
+                };
+                let len = std::fs::metadata(&path).map_err(cannot_read)?.len();
+                if len
+                    .checked_mul(repeat)
+                    .is_none_or(|b| b > config::bounds::MAX_WARMUP_BYTES)
+                {
+                    return Err(too_large());
+                }
+                let mut row = Vec::with_capacity(len as usize);
+                std::io::Read::read_to_end(
+                    &mut std::io::Read::take(std::fs::File::open(&path).map_err(cannot_read)?, len),
+                    &mut row,
+                )
+                .map_err(cannot_read)?;
+                row.repeat(repeat as usize)
             }
             (None, None) => encode_bytes_elements(std::iter::repeat_n(&b""[..], count)),
             (Some(size), None) if w.random_data.is_some() => {

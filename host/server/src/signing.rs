@@ -118,8 +118,32 @@ pub fn generate_key() -> std::io::Result<(String, String)> {
 /// The files version `version` of the model in `model_dir` is made of, relative to
 /// `model_dir`, sorted: everything but other versions' directories and the manifest itself.
 fn covered_files(model_dir: &Path, version: u64) -> std::io::Result<Vec<PathBuf>> {
-    fn walk(root: &Path, rel: &Path, version: u64, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-        for entry in std::fs::read_dir(root.join(rel))? {
+    /// Directories deeper than this are refused rather than walked.
+    const MAX_DEPTH: usize = 32;
+    fn walk(
+        root: &Path,
+        rel: &Path,
+        version: u64,
+        ancestors: &mut Vec<PathBuf>,
+        out: &mut Vec<PathBuf>,
+    ) -> std::io::Result<()> {
+        let dir = root.join(rel);
+        // A symbolic link back up the tree (a loop) is refused instead of walked until the
+        // stack runs out.
+        let real = dir.canonicalize()?;
+        if ancestors.contains(&real) {
+            return Err(std::io::Error::other(format!(
+                "'{}' loops back to a directory that contains it",
+                rel.display()
+            )));
+        }
+        if rel.components().count() > MAX_DEPTH {
+            return Err(std::io::Error::other(format!(
+                "'{}' is nested more than {MAX_DEPTH} directories deep",
+                rel.display()
+            )));
+        }
+        for entry in std::fs::read_dir(&dir)? {
             let entry = entry?;
             let name = entry.file_name();
             let path = rel.join(&name);
@@ -133,7 +157,10 @@ fn covered_files(model_dir: &Path, version: u64) -> std::io::Result<Vec<PathBuf>
             }
             let meta = std::fs::metadata(entry.path())?;
             if meta.is_dir() {
-                walk(root, &path, version, out)?;
+                ancestors.push(real.clone());
+                let walked = walk(root, &path, version, ancestors, out);
+                ancestors.pop();
+                walked?;
             } else {
                 let is_manifest = rel == Path::new(&version.to_string())
                     && (name == MANIFEST || name == SIGNATURE);
@@ -145,7 +172,7 @@ fn covered_files(model_dir: &Path, version: u64) -> std::io::Result<Vec<PathBuf>
         Ok(())
     }
     let mut out = Vec::new();
-    walk(model_dir, Path::new(""), version, &mut out)?;
+    walk(model_dir, Path::new(""), version, &mut Vec::new(), &mut out)?;
     out.sort();
     Ok(out)
 }
@@ -308,5 +335,27 @@ mod tests {
             .unwrap_err()
             .contains("--require-signed-models"));
         assert!(unhex::<32>("zz", "k").is_err());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_symlink_loop_is_an_error_not_a_stack_overflow() {
+        let (_d, m) = model();
+        let (sk, v) = keys();
+        std::fs::create_dir_all(m.join("1/assets")).unwrap();
+        std::fs::write(m.join("1/assets/a.txt"), b"a").unwrap();
+        std::os::unix::fs::symlink("..", m.join("1/assets/up")).unwrap();
+        let e = sign(&m, 1, &sk).unwrap_err().to_string();
+        assert!(e.contains("loops back"), "{e}");
+        // A link to a sibling directory is followed once and covered.
+        std::fs::remove_file(m.join("1/assets/up")).unwrap();
+        std::fs::create_dir_all(m.join("shared")).unwrap();
+        std::fs::write(m.join("shared/vocab.txt"), b"a b").unwrap();
+        std::os::unix::fs::symlink("../../shared", m.join("1/assets/vocab")).unwrap();
+        sign(&m, 1, &sk).unwrap();
+        let text = std::fs::read_to_string(m.join("1/MANIFEST")).unwrap();
+        assert!(text.contains("1/assets/vocab/vocab.txt"), "{text}");
+        assert!(text.contains("  shared/vocab.txt"), "{text}");
+        verify(&m, 1, &v).unwrap();
     }
 }
