@@ -30,7 +30,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 /// The smallest HTTP/1 read buffer (hyper's default), which is also the cap on an HTTP/1
@@ -53,6 +53,9 @@ pub struct ConnLimits {
 
 /// How long a connection must have been idle before a new one may evict it.
 pub const EVICT_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a new connection waits for the permit of the connection it evicted.
+const EVICT_WAIT: Duration = Duration::from_millis(200);
 
 /// What the gate knows of one open connection.
 #[derive(Debug, Default)]
@@ -119,24 +122,25 @@ impl Gate {
         }
     }
 
-    /// Connections closed to make room for new ones.
-    pub fn evicted(&self) -> u64 {
-        self.evicted.load(Ordering::Relaxed)
-    }
-
-    /// Connections refused so far because the cap was reached.
-    pub fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
+    /// Closes a connection the cap has no room for at once, releasing its file descriptor
+    /// rather than letting refused connections pile up.
+    fn refuse(&self, tcp: TcpStream, peer: SocketAddr) {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(
+                listener = self.name,
+                %peer,
+                max = self.max,
+                refused = n,
+                "connection refused: the connection limit is reached"
+            );
+        }
+        drop(tcp);
     }
 
     /// The cap.
     pub fn max(&self) -> usize {
         self.max
-    }
-
-    /// Connections open now.
-    pub fn open(&self) -> usize {
-        self.max - self.permits.available_permits()
     }
 }
 
@@ -319,33 +323,63 @@ pub async fn serve(
                 continue;
             }
         };
-        let mut permit = gate.permits.clone().try_acquire_owned().ok();
-        if permit.is_none() && gate.evict_idlest() {
-            // The evicted connection's task returns its permit as it ends.
-            let wait = gate.permits.clone().acquire_owned();
-            permit = tokio::time::timeout(Duration::from_millis(200), wait)
-                .await
-                .ok()
-                .and_then(Result::ok);
-            let n = gate.evicted();
-            if n.is_power_of_two() {
-                tracing::warn!(listener = gate.name, %peer, evicted = n, "connection limit reached: closed the longest-idle connection");
-            }
-        }
-        let Some(permit) = permit else {
-            let n = gate.refused.fetch_add(1, Ordering::Relaxed) + 1;
-            if n.is_power_of_two() {
-                tracing::warn!(
-                    listener = gate.name,
-                    %peer,
-                    max = gate.max,
-                    refused = n,
-                    "connection refused: the connection limit is reached"
-                );
-            }
-            drop(tcp);
-            continue;
+        let conn = Conn {
+            builder: builder.clone(),
+            router: router.clone(),
+            limits: limits.clone(),
+            gate: gate.clone(),
+            tls: tls.clone(),
+            stop: shutdown.clone(),
         };
+        match gate.permits.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(conn.run(tcp, peer, permit));
+            }
+            Err(_) if gate.evict_idlest() => {
+                let n = gate.evicted.load(Ordering::Relaxed);
+                if n.is_power_of_two() {
+                    tracing::warn!(listener = gate.name, %peer, evicted = n, "connection limit reached: closed the longest-idle connection");
+                }
+                // The evicted connection's task returns its permit as it ends; the wait is
+                // this connection's, so the accept loop goes on at once.
+                tokio::spawn(async move {
+                    let wait = conn.gate.permits.clone().acquire_owned();
+                    match tokio::time::timeout(EVICT_WAIT, wait).await {
+                        Ok(Ok(permit)) => conn.run(tcp, peer, permit).await,
+                        _ => conn.gate.refuse(tcp, peer),
+                    }
+                });
+            }
+            Err(_) => gate.refuse(tcp, peer),
+        }
+    }
+    drop(listener);
+    // Every connection holds a permit until it ends: wait for all of them to come back.
+    let _all = gate.permits.acquire_many(gate.max as u32).await;
+    Ok(())
+}
+
+/// What a new connection needs from its listener.
+struct Conn {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    router: axum::Router,
+    limits: ConnLimits,
+    gate: Arc<Gate>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Conn {
+    /// Serves `tcp` while holding `permit`, then gives the permit back.
+    async fn run(self, tcp: TcpStream, peer: SocketAddr, permit: OwnedSemaphorePermit) {
+        let Conn {
+            builder,
+            router,
+            limits,
+            gate,
+            tls,
+            stop,
+        } = self;
         // Small responses and HTTP/2 frames must not wait for Nagle's algorithm (a 40 ms
         // stall with delayed ACKs).
         let _ = tcp.set_nodelay(true);
@@ -364,7 +398,6 @@ pub async fn serve(
             gate: gate.clone(),
             peer,
         };
-        let router = router.clone();
         let conn_state = state.clone();
         let service =
             hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
@@ -376,33 +409,20 @@ pub async fn serve(
                     resp
                 }
             });
-        let builder = builder.clone();
-        let stop = shutdown.clone();
-        let gate = gate.clone();
-        let tls = tls.clone();
-        let handshake_timeout = limits.header_timeout;
-        tokio::spawn(async move {
-            match tls {
-                None => run_conn(&builder, io, service, &state, stop, peer).await,
-                Some(acceptor) => {
-                    // The handshake is bounded like a request head.
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await {
-                        Ok(Ok(tls_io)) => {
-                            run_conn(&builder, tls_io, service, &state, stop, peer).await
-                        }
-                        Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
-                    }
+        match tls {
+            None => run_conn(&builder, io, service, &state, stop, peer).await,
+            Some(acceptor) => {
+                // The handshake is bounded like a request head.
+                match tokio::time::timeout(limits.header_timeout, acceptor.accept(io)).await {
+                    Ok(Ok(tls_io)) => run_conn(&builder, tls_io, service, &state, stop, peer).await,
+                    Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
                 }
             }
-            gate.conns.lock().expect("connections lock").remove(&id);
-            drop(permit);
-        });
+        }
+        gate.conns.lock().expect("connections lock").remove(&id);
+        drop(permit);
     }
-    drop(listener);
-    // Every connection holds a permit until it ends: wait for all of them to come back.
-    let _all = gate.permits.acquire_many(gate.max as u32).await;
-    Ok(())
 }
 
 /// Serves one connection until it ends, is evicted, or the server stops (gracefully).
