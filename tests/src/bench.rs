@@ -20,8 +20,8 @@
 //!   in the client), at concurrency 1, 8, 32, on a real image and a real file.
 //!
 //! - `soak` (not in the default set): the release `wisp` in its own process under mixed good,
-//!   bad and slow traffic with periodic reloads for `--soak-minutes`; RSS start and end, and
-//!   p50/p99 per minute (see `soak.rs`).
+//!   bad and slow traffic with periodic reloads for `--soak-minutes`; RSS, p50 and p99 per
+//!   minute (see `soak.rs`).
 //!
 //! Every loop is bounded by time and count; traffic is loopback only.
 

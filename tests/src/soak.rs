@@ -8,8 +8,8 @@
 //! - slow clients: connections that trickle a request head and stall, replaced as they are cut;
 //! - a reload of `add_sub` and of `ppocr_cls` every 30 s (explicit control mode).
 //!
-//! It reports, per minute, good requests and failures and their p50/p99, bad requests answered,
-//! and the server's RSS at the start and the end. Every loop is bounded by the duration.
+//! It reports, per minute, good requests and failures and their p50/p99, bad requests answered
+//! and the server's RSS, and the RSS at the start. Every loop is bounded by the duration.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,6 +46,8 @@ struct Minute {
     good: Vec<Duration>,
     failed: u64,
     bad_answered: u64,
+    /// The server's RSS when last sampled in this minute, in bytes.
+    rss: u64,
 }
 
 type Minutes = Arc<Mutex<Vec<Minute>>>;
@@ -213,15 +215,17 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
                 }
             }));
         }
-        // Plugins, sessions and pools reach their working size in the first minute of real
-        // traffic: growth is judged from there.
-        let rss_warm = Arc::new(AtomicU64::new(0));
+        // RSS, sampled every 5 s: each minute's row shows its last sample. Plugins, sessions
+        // and pools reach their working size in the first minute of real traffic, so growth is
+        // judged from the end of the first minute.
         {
-            let rss_warm = rss_warm.clone();
-            let warm = total.min(Duration::from_secs(60));
+            let (minutes, stop) = (minutes.clone(), stop.clone());
             tokio::spawn(async move {
-                tokio::time::sleep(warm).await;
-                rss_warm.store(rss(pid), Ordering::Relaxed);
+                while !stop.load(Ordering::Relaxed) {
+                    let now = rss(pid);
+                    record(&minutes, start, |m| m.rss = now);
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
             });
         }
         tokio::time::sleep(total).await;
@@ -231,8 +235,8 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
         }
         let rss_end = rss(pid);
         println!("## soak: {minutes_total:.0} min of mixed load on the release `wisp` (model_repo)\n", minutes_total = total.as_secs_f64() / 60.0);
-        println!("| minute | good requests | failed good | p50 µs | p99 µs | bad requests answered 4xx |");
-        println!("|---|---|---|---|---|---|");
+        println!("| minute | good requests | failed good | p50 µs | p99 µs | bad requests answered 4xx | RSS MB |");
+        println!("|---|---|---|---|---|---|---|");
         let mut failed_total = 0;
         let rows = total.as_secs().div_ceil(60) as usize;
         for (i, m) in minutes
@@ -245,10 +249,10 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
             m.good.sort_unstable();
             let q = |p: f64| m.good.get(((m.good.len() as f64 * p) as usize).min(m.good.len().saturating_sub(1))).map_or(0.0, |d| d.as_secs_f64() * 1e6);
             failed_total += m.failed;
-            println!("| {} | {} | {} | {:.0} | {:.0} | {} |", i + 1, m.good.len(), m.failed, q(0.5), q(0.99), m.bad_answered);
+            println!("| {} | {} | {} | {:.0} | {:.0} | {} | {:.1} |", i + 1, m.good.len(), m.failed, q(0.5), q(0.99), m.bad_answered, m.rss as f64 / 1048576.0);
         }
         println!();
-        let rss_warm = rss_warm.load(Ordering::Relaxed).max(1);
+        let rss_warm = minutes.lock().expect("minutes lock").first().map_or(1, |m| m.rss.max(1));
         println!(
             "RSS at start {:.1} MB, after the first minute {:.1} MB, at the end {:.1} MB ({:+.1}% since the first minute); reloads {}; slow connections cut {}; failed good requests {}\n",
             rss_start as f64 / 1048576.0,
