@@ -19,6 +19,39 @@ pub struct InferRequest {
     pub requested_outputs: Vec<String>,
     /// Request parameters.
     pub parameters: Parameters,
+    /// Priority and queue timeout, typed: set from `parameters` by
+    /// [`Scheduling::from_parameters`] where a request enters the server.
+    pub scheduling: Scheduling,
+}
+
+/// What a client may ask of the scheduler for one request: Triton's `priority` and `timeout`
+/// request parameters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Scheduling {
+    /// Priority level, 1 the highest; 0 means the model's default level.
+    pub priority: u64,
+    /// Longest time the request may wait in the queue, in microseconds; 0 means the model's
+    /// default.
+    pub timeout_us: u64,
+}
+
+impl Scheduling {
+    /// Reads `priority` and `timeout` from a request's parameters (absent or `null`: 0); any
+    /// other value than a non-negative integer is an error naming the parameter.
+    pub fn from_parameters(parameters: &Parameters) -> Result<Self> {
+        let uint = |key: &str| match parameters.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(0),
+            Some(v) => v.as_u64().ok_or_else(|| {
+                Error::invalid(format!(
+                    "request parameter '{key}' must be a non-negative integer, got {v}"
+                ))
+            }),
+        };
+        Ok(Scheduling {
+            priority: uint("priority")?,
+            timeout_us: uint("timeout")?,
+        })
+    }
 }
 
 impl InferRequest {
@@ -136,4 +169,31 @@ pub fn validate(req: &InferRequest, cfg: &ModelConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod scheduling_tests {
+    use super::*;
+
+    #[test]
+    fn priority_and_timeout_are_read_and_bad_values_named() {
+        let p = |v: serde_json::Value| v.as_object().cloned().unwrap();
+        assert_eq!(
+            Scheduling::from_parameters(&p(serde_json::json!({}))).unwrap(),
+            Scheduling::default()
+        );
+        assert_eq!(
+            Scheduling::from_parameters(&p(serde_json::json!({"priority": 2, "timeout": 5000})))
+                .unwrap(),
+            Scheduling {
+                priority: 2,
+                timeout_us: 5000
+            }
+        );
+        let e =
+            Scheduling::from_parameters(&p(serde_json::json!({"priority": "high"}))).unwrap_err();
+        assert!(e.message().contains("'priority'"), "{e}");
+        let e = Scheduling::from_parameters(&p(serde_json::json!({"timeout": -1}))).unwrap_err();
+        assert!(e.message().contains("'timeout'"), "{e}");
+    }
 }

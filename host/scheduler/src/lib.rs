@@ -102,17 +102,6 @@ pub struct Scheduler {
 }
 
 /// A request's parameter as an unsigned integer (`priority`, `timeout`).
-fn uint_param(req: &InferRequest, key: &str) -> Result<u64> {
-    match req.parameters.get(key) {
-        None | Some(serde_json::Value::Null) => Ok(0),
-        Some(v) => v.as_u64().ok_or_else(|| {
-            Error::invalid(format!(
-                "request parameter '{key}' must be a non-negative integer, got {v}"
-            ))
-        }),
-    }
-}
-
 /// Hash of every input's name and non-batch dims: only equal keys batch together.
 fn shape_key(req: &InferRequest, batched: bool) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -206,13 +195,14 @@ impl Scheduler {
     }
 
     /// Queues a request; `respond` is called once with its outcome. Fails at once, without
-    /// calling `respond`, when the request's queue is full, its parameters are invalid, or the
-    /// scheduler is stopping (counted as REJECTED).
+    /// calling `respond`, when the request's queue is full or the scheduler is stopping (counted
+    /// as REJECTED). The request's priority and queue timeout come from its typed
+    /// [`InferRequest::scheduling`].
     pub fn enqueue(&self, request: InferRequest, respond: Responder) -> Result<()> {
         let sh = &self.shared;
         let p = &sh.policy;
-        let level = p.level_for(uint_param(&request, "priority")?);
-        let timeout = p.timeout_for(level, uint_param(&request, "timeout")?);
+        let level = p.level_for(request.scheduling.priority);
+        let timeout = p.timeout_for(level, request.scheduling.timeout_us);
         let batched = p.max_batch_size > 0;
         let rows = request.batch_size(batched);
         let key = shape_key(&request, batched);

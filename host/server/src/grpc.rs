@@ -242,6 +242,8 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
             .iter()
             .map(|(k, v)| (k.clone(), param_to_json(v)))
             .collect(),
+        // read from the parameters by the service
+        scheduling: Default::default(),
     };
     Ok(Decoded {
         request,

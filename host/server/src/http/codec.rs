@@ -112,6 +112,8 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
             .map(|o: &OutputSpec| o.name.clone())
             .collect(),
         parameters,
+        // read from the parameters by the service
+        scheduling: Default::default(),
     };
     Ok(Decoded {
         request,

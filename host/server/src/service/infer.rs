@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use wisp_core::config::ModelConfig;
+use wisp_core::infer::Scheduling;
 use wisp_core::tensor::encode_bytes_elements;
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
 use wisp_scheduler::FailReason;
@@ -63,7 +64,7 @@ impl Service {
         self.registry.get(model, version)
     }
 
-    /// Validates `decoded` against `m`'s signature, runs it (through the response cache when
+    /// Validates `decoded` against `m`'s signature, reads its scheduling parameters, runs it (through the response cache when
     /// the model enables it) and selects its outputs. `received` is when the front end got the
     /// request: decode and validation failures are recorded with the time since then.
     pub async fn infer(
@@ -72,8 +73,11 @@ impl Service {
         decoded: Result<Decoded>,
         received: Instant,
     ) -> Result<Answer> {
-        let checked =
-            decoded.and_then(|d| wisp_core::infer::validate(&d.request, &m.config).map(|()| d));
+        let checked = decoded.and_then(|mut d| {
+            wisp_core::infer::validate(&d.request, &m.config)?;
+            d.request.scheduling = Scheduling::from_parameters(&d.request.parameters)?;
+            Ok(d)
+        });
         let Decoded {
             request,
             outputs,
