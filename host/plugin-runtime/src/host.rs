@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use wasmtime::component::ResourceTable;
-use wasmtime::StoreLimits;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wisp_core::{DataType, Error, ErrorKind, InferRequest, Tensor};
 
@@ -30,7 +29,7 @@ pub use wisp::plugin::types as wit;
 pub struct State {
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
-    pub(crate) limits: StoreLimits,
+    pub(crate) limits: crate::limits::Limiter,
     /// The model this plugin serves (a plugin may not call itself through wasi-nn).
     pub(crate) model: Arc<str>,
     /// Runs wasi-nn calls on the server's models.

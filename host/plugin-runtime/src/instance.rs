@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::ResourceTable;
-use wasmtime::{Store, StoreLimitsBuilder, Trap};
+use wasmtime::{Store, Trap};
 use wasmtime_wasi::{FsPerms, HostMonotonicClock, HostWallClock, WasiCtxBuilder};
 use wisp_core::backend::{ExecTiming, Instance};
 use wisp_core::config::ModelConfig;
@@ -65,6 +65,7 @@ fn count_failure(shared: &Shared, why: Failure) {
 /// Sorts a wasmtime error into a failure kind and a message for clients.
 fn classify(err: &wasmtime::Error, limits: &Limits, output: &PluginOutput) -> (Failure, String) {
     let text = format!("{err:#}");
+    let memory = err.downcast_ref::<crate::limits::MemoryDenied>().is_some();
     let (why, mut message) = match err.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => (
             Failure::Deadline,
@@ -77,7 +78,7 @@ fn classify(err: &wasmtime::Error, limits: &Limits, output: &PluginOutput) -> (F
                 limits.fuel.unwrap_or(0)
             ),
         ),
-        _ if text.contains("forcing trap when growing memory") => (
+        _ if memory => (
             Failure::Memory,
             format!(
                 "exceeded its memory limit of {} MiB",
@@ -157,10 +158,9 @@ fn instantiate(shared: &Shared) -> std::result::Result<Live, (Failure, Error)> {
     let state = State {
         wasi: wasi.build(),
         table: ResourceTable::new(),
-        limits: StoreLimitsBuilder::new()
-            .memory_size(limits.memory_bytes)
-            .trap_on_grow_failure(true)
-            .build(),
+        limits: crate::limits::Limiter {
+            memory_bytes: limits.memory_bytes,
+        },
         model: shared.name.clone(),
         caller: shared.caller.clone(),
         deadline: Instant::now() + limits.timeout,

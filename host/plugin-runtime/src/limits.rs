@@ -145,6 +145,66 @@ fn env_names(cfg: &ModelConfig) -> Vec<&str> {
         .unwrap_or_default()
 }
 
+/// The most elements a plugin's table may grow to.
+pub const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+/// A plugin store's resource limiter: linear memory is capped at `wasm.memory_limit_mb`, and a
+/// growth past it traps with [`MemoryDenied`], so that the failure is known to be memory
+/// exhaustion by its type rather than by wasmtime's wording.
+#[derive(Debug)]
+pub(crate) struct Limiter {
+    /// The cap on one linear memory, in bytes.
+    pub(crate) memory_bytes: usize,
+}
+
+/// A plugin's linear memory was not allowed to grow (past its cap, or the allocator had no
+/// room): the trap that ends its call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryDenied {
+    /// The size asked for, in bytes, when the limiter refused it.
+    pub desired: Option<usize>,
+}
+
+impl std::fmt::Display for MemoryDenied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.desired {
+            Some(n) => write!(f, "linear memory may not grow to {n} bytes"),
+            None => f.write_str("linear memory could not grow"),
+        }
+    }
+}
+
+impl std::error::Error for MemoryDenied {}
+
+impl wasmtime::ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes || maximum.is_some_and(|m| desired > m) {
+            return Err(wasmtime::Error::new(MemoryDenied {
+                desired: Some(desired),
+            }));
+        }
+        Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        Err(error.context(MemoryDenied { desired: None }))
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS && maximum.is_none_or(|m| desired <= m))
+    }
+}
+
 /// Checks that `over`, a config that arrived with a load request, grants a plugin no more than
 /// `base`, the repository's own config, does: grants may only be dropped and limits only
 /// lowered. Capability grants come from the repository's files, never from the network.
