@@ -446,7 +446,6 @@ output [ {{ name: "OUTPUT" data_type: TYPE_STRING dims: [ 1 ] }} ]
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sandbox_grants_nothing_unless_configured() {
-    std::env::set_var("WISP_PLUGIN_TEST_SECRET", "hunter2");
     let dir = tempfile::tempdir().unwrap();
     add_plugin_model(dir.path(), "closed", 1, "testkit", &probe_config(""));
     add_plugin_model(
@@ -462,7 +461,16 @@ async fn the_sandbox_grants_nothing_unless_configured() {
     );
     std::fs::create_dir(dir.path().join("open/assets")).unwrap();
     std::fs::write(dir.path().join("open/assets/hello.txt"), "hi").unwrap();
-    let server = start_plugins(dir.path()).await;
+    // The server's environment, injected: the variable exists only for this server.
+    let env = std::collections::HashMap::from([(
+        "WISP_PLUGIN_TEST_SECRET".to_string(),
+        "hunter2".to_string(),
+    )]);
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.no_wasm_cache = true;
+        s.env = std::sync::Arc::new(env);
+    })
+    .await;
     let mut c = Client::connect(server.http_addr()).await.unwrap();
     let probe = |j: Value| j["outputs"][0]["data"][0].as_str().unwrap().to_string();
     let closed = c

@@ -4,26 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Where settings read the environment from (tests inject a map; never `set_var`).
-pub trait EnvSource {
-    /// The variable's value, if set.
-    fn var(&self, key: &str) -> Option<String>;
-}
-
-/// The process environment.
-pub struct ProcessEnv;
-
-impl EnvSource for ProcessEnv {
-    fn var(&self, key: &str) -> Option<String> {
-        std::env::var(key).ok()
-    }
-}
-
-impl EnvSource for std::collections::HashMap<String, String> {
-    fn var(&self, key: &str) -> Option<String> {
-        self.get(key).cloned()
-    }
-}
+pub use wisp_core::env::{EnvSource, ProcessEnv};
 
 /// The ONNX Runtime library to load, or `None` (then tract serves ONNX models).
 ///

@@ -5,6 +5,7 @@
 //! - [`config`]: `config.pbtxt` parse → auto-complete → normalize → validate.
 //! - [`repository`]: Triton-layout repository scanning and version policies.
 //! - [`backend`]: the `Backend` / `LoadedModel` / `Instance` traits backends implement.
+//! - [`env`]: the one injectable source of environment variables.
 //! - [`error`]: the closed [`ErrorKind`](error::ErrorKind) front ends map to statuses.
 //!
 //! A request flows: front end decodes → [`infer::InferRequest`] → scheduler → an
@@ -13,6 +14,7 @@
 pub mod backend;
 pub mod config;
 pub mod datatype;
+pub mod env;
 pub mod error;
 pub mod infer;
 pub mod repository;

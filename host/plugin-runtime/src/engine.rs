@@ -42,18 +42,21 @@ pub struct Engines {
     fueled: OnceLock<Engine>,
     cache_dir: Option<PathBuf>,
     pooling: bool,
+    perfmap: bool,
 }
 
 impl Engines {
     /// Engines caching precompiled components under `cache_dir` (none: always compile), using
     /// the pooling instance allocator when `pooling` (falling back to on-demand allocation if
-    /// the pool cannot be reserved).
-    pub fn new(cache_dir: Option<PathBuf>, pooling: bool) -> Arc<Self> {
+    /// the pool cannot be reserved), and writing a perf map when `perfmap` (see
+    /// [`PERFMAP_ENV`]).
+    pub fn new(cache_dir: Option<PathBuf>, pooling: bool, perfmap: bool) -> Arc<Self> {
         Arc::new(Engines {
             plain: OnceLock::new(),
             fueled: OnceLock::new(),
             cache_dir,
             pooling,
+            perfmap,
         })
     }
 
@@ -63,7 +66,7 @@ impl Engines {
         if let Some(e) = cell.get() {
             return Ok(e);
         }
-        let engine = build_engine(fuel, self.pooling)?;
+        let engine = build_engine(fuel, self.pooling, self.perfmap)?;
         if cell.set(engine.clone()).is_ok() {
             spawn_ticker(engine.weak());
         }
@@ -113,7 +116,7 @@ impl Engines {
     }
 }
 
-fn build_engine(fuel: bool, pooling: bool) -> Result<Engine> {
+fn build_engine(fuel: bool, pooling: bool, perfmap: bool) -> Result<Engine> {
     let mut config = Config::new();
     config
         .wasm_component_model(true)
@@ -121,7 +124,7 @@ fn build_engine(fuel: bool, pooling: bool) -> Result<Engine> {
         .consume_fuel(fuel)
         .cranelift_opt_level(OptLevel::Speed)
         .parallel_compilation(true);
-    if std::env::var_os(PERFMAP_ENV).is_some() {
+    if perfmap {
         config.profiler(ProfilingStrategy::PerfMap);
     }
     if pooling {
@@ -225,7 +228,7 @@ mod tests {
     #[test]
     fn rejects_bytes_that_are_not_a_component() {
         let dir = tempfile::tempdir().unwrap();
-        let engines = Engines::new(Some(dir.path().to_path_buf()), false);
+        let engines = Engines::new(Some(dir.path().to_path_buf()), false, false);
         let engine = engines.get(false).unwrap().clone();
         let e = engines.compile(&engine, b"not wasm").unwrap_err();
         assert!(e.message().contains("not a valid WebAssembly component"));
@@ -238,7 +241,7 @@ mod tests {
     #[test]
     fn caches_then_loads_from_the_cache() {
         let dir = tempfile::tempdir().unwrap();
-        let engines = Engines::new(Some(dir.path().to_path_buf()), false);
+        let engines = Engines::new(Some(dir.path().to_path_buf()), false, false);
         let engine = engines.get(false).unwrap().clone();
         let (_, first) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
         let (_, second) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
@@ -253,7 +256,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let not_a_dir = dir.path().join("file");
         std::fs::write(&not_a_dir, b"").unwrap();
-        let engines = Engines::new(Some(not_a_dir), false);
+        let engines = Engines::new(Some(not_a_dir), false, false);
         let engine = engines.get(false).unwrap().clone();
         let (_, source) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
         assert_eq!(source, CompileSource::Compiled);

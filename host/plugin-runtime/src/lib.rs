@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use wasmtime::component::{HasSelf, Linker};
 use wisp_core::backend::{Backend, Instance, LoadedModel};
 use wisp_core::config::{ModelConfig, ModelIo};
+use wisp_core::env::{EnvSource, ProcessEnv};
 use wisp_core::{Error, InferRequest, InferResponse, Result};
 
 pub use engine::{CompileSource, Engines};
@@ -86,6 +87,8 @@ pub struct WasmOptions {
     pub pooling: bool,
     /// Where failures are counted.
     pub failures: Arc<FailureCounts>,
+    /// Where the variables `wasm.allow_env` grants are read from.
+    pub env: Arc<dyn EnvSource>,
 }
 
 impl Default for WasmOptions {
@@ -94,6 +97,7 @@ impl Default for WasmOptions {
             cache_dir: None,
             pooling: true,
             failures: Arc::default(),
+            env: Arc::new(ProcessEnv),
         }
     }
 }
@@ -103,6 +107,7 @@ pub struct WasmBackend {
     engines: Arc<Engines>,
     caller: Option<Arc<dyn ModelCaller>>,
     failures: Arc<FailureCounts>,
+    env: Arc<dyn EnvSource>,
 }
 
 /// How long loading one version took, by step (the benchmark reports these).
@@ -121,9 +126,14 @@ impl WasmBackend {
     /// reports `unsupported-operation`).
     pub fn new(options: WasmOptions, caller: Option<Arc<dyn ModelCaller>>) -> Self {
         WasmBackend {
-            engines: Engines::new(options.cache_dir, options.pooling),
+            engines: Engines::new(
+                options.cache_dir,
+                options.pooling,
+                options.env.var(engine::PERFMAP_ENV).is_some(),
+            ),
             caller,
             failures: options.failures,
+            env: options.env,
         }
     }
 
@@ -144,7 +154,7 @@ impl WasmBackend {
             .parent()
             .and_then(Path::parent)
             .unwrap_or(Path::new("."));
-        let limits = Limits::from_config(config, model_dir)?;
+        let limits = Limits::from_config(config, model_dir, &*self.env)?;
         if config.input.is_empty() || config.output.is_empty() {
             return Err(Error::invalid(format!(
                 "model '{name}': a wasm model declares its inputs and outputs in config.pbtxt"

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use wisp_core::config::ModelConfig;
+use wisp_core::env::EnvSource;
 use wisp_core::{Error, Result};
 
 /// Per-instance linear-memory cap (`wasm.memory_limit_mb`, default 256).
@@ -73,8 +74,9 @@ fn uint(cfg: &ModelConfig, key: &str) -> Result<Option<u64>> {
 }
 
 impl Limits {
-    /// Reads the `wasm.*` parameters of `cfg`; `model_dir` anchors `wasm.allow_read_dir`.
-    pub fn from_config(cfg: &ModelConfig, model_dir: &Path) -> Result<Self> {
+    /// Reads the `wasm.*` parameters of `cfg`; `model_dir` anchors `wasm.allow_read_dir`, and
+    /// the variables `wasm.allow_env` grants are read from `env`.
+    pub fn from_config(cfg: &ModelConfig, model_dir: &Path, env: &dyn EnvSource) -> Result<Self> {
         let mut limits = Limits::default();
         if let Some(mb) = uint(cfg, MEMORY_LIMIT_KEY)? {
             if mb == 0 || mb > MAX_MEMORY_MB {
@@ -97,7 +99,7 @@ impl Limits {
         limits.fuel = uint(cfg, FUEL_KEY)?.filter(|&f| f > 0);
         if let Some(names) = cfg.parameter(ENV_KEY) {
             for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                if let Ok(value) = std::env::var(name) {
+                if let Some(value) = env.var(name) {
                     limits.env.push((name.to_string(), value));
                 }
             }
@@ -219,8 +221,10 @@ pub fn check_override_narrows(
             over.name
         )))
     };
-    let b = Limits::from_config(base, model_dir)?;
-    let o = Limits::from_config(over, model_dir)?;
+    // Only the names of granted variables are compared, never their values.
+    let no_env = std::collections::HashMap::new();
+    let b = Limits::from_config(base, model_dir, &no_env)?;
+    let o = Limits::from_config(over, model_dir, &no_env)?;
     if o.memory_bytes > b.memory_bytes {
         return deny(
             MEMORY_LIMIT_KEY,
@@ -288,6 +292,7 @@ pub fn check_override_narrows(
 mod tests {
     use super::*;
     use wisp_core::config::ModelParameter;
+    use wisp_core::env::ProcessEnv;
 
     fn cfg(params: &[(&str, &str)]) -> ModelConfig {
         let mut c = ModelConfig {
@@ -307,14 +312,13 @@ mod tests {
 
     #[test]
     fn defaults_deny_everything() {
-        let l = Limits::from_config(&cfg(&[]), Path::new(".")).unwrap();
+        let l = Limits::from_config(&cfg(&[]), Path::new("."), &ProcessEnv).unwrap();
         assert_eq!(l, Limits::default());
         assert!(l.env.is_empty() && !l.clock && l.read_dir.is_none() && l.fuel.is_none());
     }
 
     #[test]
     fn reads_grants_and_limits() {
-        std::env::set_var("WISP_LIMITS_TEST_VAR", "yes");
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("assets")).unwrap();
         let l = Limits::from_config(
@@ -327,6 +331,10 @@ mod tests {
                 (READ_DIR_KEY, "assets"),
             ]),
             dir.path(),
+            &std::collections::HashMap::from([(
+                "WISP_LIMITS_TEST_VAR".to_string(),
+                "yes".to_string(),
+            )]),
         )
         .unwrap();
         assert_eq!(l.memory_bytes, 16 << 20);
@@ -351,7 +359,7 @@ mod tests {
             (READ_DIR_KEY, "/"),
             (READ_DIR_KEY, ".."),
         ] {
-            let e = Limits::from_config(&cfg(&[(k, v)]), Path::new(".")).unwrap_err();
+            let e = Limits::from_config(&cfg(&[(k, v)]), Path::new("."), &ProcessEnv).unwrap_err();
             assert!(e.message().contains(k), "{k}={v}: {}", e.message());
         }
     }

@@ -166,10 +166,7 @@ impl Server {
         let resolved = Resolved::from(&settings)?;
         let lib = match settings.onnx_engine {
             OnnxEngine::Tract => None,
-            _ => find_onnxruntime(
-                settings.onnxruntime_lib.as_deref(),
-                &wisp_backend_onnx::ProcessEnv,
-            ),
+            _ => find_onnxruntime(settings.onnxruntime_lib.as_deref(), &*settings.env),
         };
         let choice = match settings.onnx_engine {
             OnnxEngine::Auto => EngineChoice::Auto,
@@ -185,6 +182,7 @@ impl Server {
                 cache_dir: settings.wasm_cache(),
                 pooling: settings.wasm_pooling,
                 failures: plugin_failures.clone(),
+                env: settings.env.clone(),
             },
             Some(caller.clone()),
         );

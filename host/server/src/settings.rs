@@ -3,8 +3,10 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use wisp_core::env::{EnvSource, ProcessEnv};
 
 /// Default HTTP port (Triton's).
 pub const DEFAULT_HTTP_PORT: u16 = 8000;
@@ -335,6 +337,16 @@ pub struct Settings {
     /// allocation when the address space cannot be reserved).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub wasm_pooling: bool,
+
+    /// Where environment variables are read from (`ORT_DYLIB_PATH`, `WISP_PYTHON`, the cache
+    /// directory's, and those `wasm.allow_env` grants): the process environment unless an
+    /// embedder or a test sets another.
+    #[arg(skip = process_env())]
+    pub env: Arc<dyn EnvSource>,
+}
+
+fn process_env() -> Arc<dyn EnvSource> {
+    Arc::new(ProcessEnv)
 }
 
 impl Settings {
@@ -346,10 +358,16 @@ impl Settings {
         if let Some(d) = &self.wasm_cache_dir {
             return Some(d.clone());
         }
-        let base = std::env::var_os("XDG_CACHE_HOME")
+        let base = self
+            .env
+            .var("XDG_CACHE_HOME")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            .or_else(|| {
+                self.env
+                    .var("HOME")
+                    .map(|h| PathBuf::from(h).join(".cache"))
+            })?;
         Some(base.join("wisp").join("wasm"))
     }
 
