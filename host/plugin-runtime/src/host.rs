@@ -15,6 +15,9 @@ wasmtime::component::bindgen!({
     path: "../../wit",
     world: "wisp:plugin/model",
     imports: { default: trappable },
+    // A guest export's parameters borrow: a request's tensors are lowered into the guest
+    // straight from the host's buffers, the one copy a call makes.
+    ownership: Borrowing { duplicate_if_necessary: true },
     with: {
         "wasi:nn/tensor.tensor": crate::nn::NnTensor,
         "wasi:nn/graph.graph": crate::nn::NnGraph,
@@ -131,48 +134,84 @@ pub fn from_wit_datatype(d: wit::Datatype) -> DataType {
     }
 }
 
-fn to_wit_param(key: &str, v: &serde_json::Value) -> wit::Param {
+/// A parameter value as the plugin sees it; `text` holds the JSON text of a value that is not
+/// a scalar (an array or object), which the borrowed WIT value points into.
+fn to_wit_param_value<'a>(v: &'a serde_json::Value, text: &'a str) -> wit::ParamValue<'a> {
     use serde_json::Value;
-    let value = match v {
+    match v {
         Value::Bool(b) => wit::ParamValue::Bool(*b),
         Value::Number(n) => match n.as_i64() {
             Some(i) => wit::ParamValue::Int(i),
             None => wit::ParamValue::Double(n.as_f64().unwrap_or(f64::NAN)),
         },
-        Value::String(s) => wit::ParamValue::Text(s.clone()),
-        other => wit::ParamValue::Text(other.to_string()),
-    };
-    wit::Param {
-        key: key.to_string(),
-        value,
+        Value::String(s) => wit::ParamValue::Text(s),
+        _ => wit::ParamValue::Text(text),
     }
 }
 
-/// A request as the plugin sees it (tensor data is copied into the guest once, by the call).
-pub fn to_wit_request(r: &InferRequest) -> wit::Request {
-    wit::Request {
-        id: r.id.clone(),
-        inputs: r
-            .inputs
-            .iter()
-            .map(|t| wit::Tensor {
-                name: t.name.clone(),
-                datatype: to_wit_datatype(t.datatype),
-                shape: t.shape.clone(),
-                data: t.data.to_vec(),
-            })
-            .collect(),
-        requested_outputs: r.requested_outputs.clone(),
-        parameters: r
+/// What a borrowed WIT request of one [`InferRequest`] points into besides the request itself:
+/// the lists of borrowed tensors, names and parameters, and the JSON text of non-scalar
+/// parameters. Tensor data is not copied here; the call copies it into the guest, once.
+pub struct WitParts<'a> {
+    inputs: Vec<wit::TensorParam<'a>>,
+    requested_outputs: Vec<&'a str>,
+    texts: Vec<String>,
+    request: &'a InferRequest,
+}
+
+impl<'a> WitParts<'a> {
+    /// The parts of `r`.
+    pub fn new(r: &'a InferRequest) -> Self {
+        WitParts {
+            inputs: r
+                .inputs
+                .iter()
+                .map(|t| wit::TensorParam {
+                    name: &t.name,
+                    datatype: to_wit_datatype(t.datatype),
+                    shape: &t.shape,
+                    data: &t.data,
+                })
+                .collect(),
+            requested_outputs: r.requested_outputs.iter().map(String::as_str).collect(),
+            texts: r
+                .parameters
+                .values()
+                .map(|v| match v {
+                    serde_json::Value::Array(_) | serde_json::Value::Object(_) => v.to_string(),
+                    _ => String::new(),
+                })
+                .collect(),
+            request: r,
+        }
+    }
+
+    /// The request's parameters, borrowed.
+    pub fn parameters(&self) -> Vec<wit::Param<'_>> {
+        self.request
             .parameters
             .iter()
-            .map(|(k, v)| to_wit_param(k, v))
-            .collect(),
+            .zip(&self.texts)
+            .map(|((key, v), text)| wit::Param {
+                key,
+                value: to_wit_param_value(v, text),
+            })
+            .collect()
+    }
+
+    /// The request as the plugin sees it, with `parameters` from [`WitParts::parameters`].
+    pub fn request<'b>(&'b self, parameters: &'b [wit::Param<'b>]) -> wit::Request<'b> {
+        wit::Request {
+            id: &self.request.id,
+            inputs: &self.inputs,
+            requested_outputs: &self.requested_outputs,
+            parameters,
+        }
     }
 }
 
 /// A plugin's output tensor as a core tensor (checks data length against shape and type).
-pub fn from_wit_tensor(t: wit::Tensor) -> wisp_core::Result<Tensor> {
+pub fn from_wit_tensor(t: wit::TensorResult) -> wisp_core::Result<Tensor> {
     if let Some(d) = t.shape.iter().find(|&&d| d < 0) {
         return Err(Error::internal(format!(
             "output '{}' has a negative dimension {d} in shape {:?}",
@@ -222,7 +261,9 @@ mod tests {
         r.parameters.insert("i".into(), (-3).into());
         r.parameters.insert("f".into(), 0.5.into());
         r.parameters.insert("s".into(), "x".into());
-        let w = to_wit_request(&r);
+        let parts = WitParts::new(&r);
+        let parameters = parts.parameters();
+        let w = parts.request(&parameters);
         let find = |k: &str| {
             w.parameters
                 .iter()
@@ -239,7 +280,7 @@ mod tests {
 
     #[test]
     fn output_tensors_are_checked() {
-        let bad = wit::Tensor {
+        let bad = wit::TensorResult {
             name: "y".into(),
             datatype: wit::Datatype::Fp32,
             shape: vec![2],

@@ -180,11 +180,11 @@ fn instantiate(shared: &Shared) -> std::result::Result<Live, (Failure, Error)> {
         .pre
         .instantiate(&mut store)
         .map_err(|e| fail(e, &output))?;
-    let params: Vec<(String, String)> = shared
+    let params: Vec<(&str, &str)> = shared
         .config
         .parameters
         .iter()
-        .map(|(k, v)| (k.clone(), v.string_value.clone()))
+        .map(|(k, v)| (k.as_str(), v.string_value.as_str()))
         .collect();
     match bindings.wisp_plugin_plugin().call_init(&mut store, &params) {
         Ok(Ok(())) => Ok(Live {
@@ -317,7 +317,13 @@ impl Instance for WasmInstance {
                 }
             },
         };
-        let requests: Vec<host::wit::Request> = batch.iter().map(host::to_wit_request).collect();
+        let parts: Vec<host::WitParts> = batch.iter().map(host::WitParts::new).collect();
+        let parameters: Vec<_> = parts.iter().map(host::WitParts::parameters).collect();
+        let requests: Vec<host::wit::Request> = parts
+            .iter()
+            .zip(&parameters)
+            .map(|(p, params)| p.request(params))
+            .collect();
         live.output.clear();
         if let Err(e) = arm(&mut live.store, &shared.limits) {
             return fail_all(e);
