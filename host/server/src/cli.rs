@@ -110,7 +110,12 @@ pub fn main() -> anyhow::Result<()> {
         Command::Sign(args) => return sign(args),
         Command::Keygen(args) => return keygen(args),
     };
+    // Before any thread starts (tokio's, the loaders', the instances').
+    let arenas = crate::alloc::limit_arenas(&*settings.env);
     init_logging(&settings)?;
+    if let Some(n) = arenas {
+        tracing::debug!(arenas = n, "malloc arenas capped at the number of cores");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("wisp-io")

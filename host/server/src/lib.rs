@@ -6,6 +6,7 @@
 //! stops accepting, lets in-flight requests finish, then drains and stops every model's
 //! scheduler.
 
+pub mod alloc;
 pub mod cache;
 pub mod cli;
 pub mod conn;
