@@ -8,30 +8,12 @@
 //! steps. Independent steps are therefore in flight at the same time; tensors move between
 //! steps by reference (their data is shared `Bytes`, never copied).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use wisp_core::{Error, InferRequest, InferResponse, Result, Tensor};
 
-/// One step: a model and how its tensors map to the ensemble's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Step {
-    /// The composing model.
-    pub model: String,
-    /// Its version (`None`: the latest ready one, Triton's `-1`).
-    pub version: Option<u64>,
-    /// (step input name, ensemble tensor name).
-    pub inputs: Vec<(String, String)>,
-    /// (step output name, ensemble tensor name).
-    pub outputs: Vec<(String, String)>,
-}
-
-impl Step {
-    /// `step i ('model')`, for messages.
-    pub fn label(&self, index: usize) -> String {
-        format!("step {index} ('{}')", self.model)
-    }
-}
+pub use wisp_core::config::ensemble::EnsembleStep as Step;
 
 /// A validated ensemble DAG.
 #[derive(Debug)]
@@ -51,69 +33,14 @@ impl Plan {
         outputs: &[String],
         steps: Vec<Step>,
     ) -> Result<Plan> {
-        let mut errs = Vec::new();
-        if steps.is_empty() {
-            errs.push("ensemble_scheduling has no steps".to_string());
-        }
-        // Who produces each tensor.
-        let mut producer: HashMap<&str, String> = HashMap::new();
-        for i in inputs {
-            producer.insert(i, format!("ensemble input '{i}'"));
-        }
-        for (n, s) in steps.iter().enumerate() {
-            if s.model.is_empty() {
-                errs.push(format!("step {n}: model_name is empty"));
-            }
-            if s.inputs.is_empty() {
-                errs.push(format!("{}: input_map is empty", s.label(n)));
-            }
-            if s.outputs.is_empty() {
-                errs.push(format!("{}: output_map is empty", s.label(n)));
-            }
-            for (out, tensor) in &s.outputs {
-                if let Some(first) = producer.get(tensor.as_str()) {
-                    errs.push(format!(
-                        "{}: output '{out}' maps to '{tensor}', which {first} already produces",
-                        s.label(n)
-                    ));
-                } else {
-                    producer.insert(tensor, s.label(n));
-                }
-            }
-        }
-        for (n, s) in steps.iter().enumerate() {
-            for (input, tensor) in &s.inputs {
-                if !producer.contains_key(tensor.as_str()) {
-                    errs.push(format!(
-                        "{}: input '{input}' reads '{tensor}', which is neither an ensemble input nor any step's output",
-                        s.label(n)
-                    ));
-                }
-            }
-        }
-        for o in outputs {
-            if !producer.contains_key(o.as_str()) || inputs.contains(o) {
-                errs.push(format!("ensemble output '{o}' is not produced by any step"));
-            }
-        }
-        let mut consumers: HashMap<String, Vec<usize>> = HashMap::new();
-        for (n, s) in steps.iter().enumerate() {
-            for (_, tensor) in &s.inputs {
-                consumers.entry(tensor.clone()).or_default().push(n);
-            }
-        }
-        if errs.is_empty() {
-            if let Some(cycle) = find_cycle(&steps, &consumers) {
-                let names: Vec<String> = cycle.iter().map(|&i| steps[i].label(i)).collect();
-                errs.push(format!("the steps form a cycle: {}", names.join(" → ")));
-            }
-        }
+        let errs = wisp_core::config::ensemble::check_dag(inputs, outputs, &steps);
         if !errs.is_empty() {
             return Err(Error::invalid(format!(
                 "ensemble '{name}': {}",
                 errs.join("; ")
             )));
         }
+        let consumers = wisp_core::config::ensemble::consumers(&steps);
         Ok(Plan {
             name: name.to_string(),
             steps,
@@ -126,50 +53,6 @@ impl Plan {
     pub fn steps(&self) -> &[Step] {
         &self.steps
     }
-}
-
-/// A cycle of steps, if any (depth-first search over step → consuming steps).
-fn find_cycle(steps: &[Step], consumers: &HashMap<String, Vec<usize>>) -> Option<Vec<usize>> {
-    fn visit(
-        n: usize,
-        steps: &[Step],
-        consumers: &HashMap<String, Vec<usize>>,
-        state: &mut [u8],
-        path: &mut Vec<usize>,
-    ) -> Option<Vec<usize>> {
-        state[n] = 1;
-        path.push(n);
-        for (_, tensor) in &steps[n].outputs {
-            for &next in consumers.get(tensor).into_iter().flatten() {
-                match state[next] {
-                    1 => {
-                        let start = path.iter().position(|&p| p == next).unwrap_or(0);
-                        let mut cycle = path[start..].to_vec();
-                        cycle.push(next);
-                        return Some(cycle);
-                    }
-                    0 => {
-                        if let Some(c) = visit(next, steps, consumers, state, path) {
-                            return Some(c);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        path.pop();
-        state[n] = 2;
-        None
-    }
-    let mut state = vec![0u8; steps.len()];
-    for n in 0..steps.len() {
-        if state[n] == 0 {
-            if let Some(c) = visit(n, steps, consumers, &mut state, &mut Vec::new()) {
-                return Some(c);
-            }
-        }
-    }
-    None
 }
 
 /// A step ready to run: send `request` to `plan.steps()[step]`'s model.
@@ -317,46 +200,6 @@ impl Run {
         }
         Progress::Done(Ok(InferResponse { outputs }))
     }
-}
-
-/// Parses Triton's `ensemble_scheduling` (as the JSON form of the config) into steps.
-pub fn steps_from_json(value: &serde_json::Value) -> Result<Vec<Step>> {
-    let steps = value
-        .get("step")
-        .and_then(|s| s.as_array())
-        .cloned()
-        .unwrap_or_default();
-    let map = |v: Option<&serde_json::Value>| -> Vec<(String, String)> {
-        let m: BTreeMap<String, String> = v
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
-            .unwrap_or_default();
-        m.into_iter().collect()
-    };
-    steps
-        .iter()
-        .enumerate()
-        .map(|(n, s)| {
-            let version = match s.get("model_version") {
-                None => -1,
-                Some(v) => v
-                    .as_i64()
-                    .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
-                    .ok_or_else(|| {
-                        Error::invalid(format!("step {n}: model_version must be an integer"))
-                    })?,
-            };
-            Ok(Step {
-                model: s
-                    .get("model_name")
-                    .and_then(|m| m.as_str())
-                    .unwrap_or_default()
-                    .to_string(),
-                version: (version >= 0).then_some(version as u64),
-                inputs: map(s.get("input_map")),
-                outputs: map(s.get("output_map")),
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -556,21 +399,6 @@ mod tests {
                 .contains("cycle: step 0 ('a') → step 1 ('b') → step 0 ('a')"),
             "{}",
             e.message()
-        );
-    }
-
-    #[test]
-    fn parses_triton_json() {
-        let v = serde_json::json!({"step": [
-            {"model_name": "pre", "model_version": "-1", "input_map": {"IMAGE": "RAW"}, "output_map": {"PIXELS": "px"}},
-            {"model_name": "cls", "model_version": 2, "input_map": {"x": "px"}, "output_map": {"y": "OUT"}}
-        ]});
-        let steps = steps_from_json(&v).unwrap();
-        assert_eq!(steps[0].version, None);
-        assert_eq!(steps[1].version, Some(2));
-        assert_eq!(
-            steps[0].inputs,
-            vec![("IMAGE".to_string(), "RAW".to_string())]
         );
     }
 }

@@ -16,7 +16,7 @@ use std::sync::{mpsc, Arc};
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
 use wisp_core::config::{ModelConfig, ModelIo};
 use wisp_core::{Error, InferRequest, InferResponse, Result};
-use wisp_scheduler::ensemble::{steps_from_json, Plan, Progress, Run, Step};
+use wisp_scheduler::ensemble::{Plan, Progress, Run, Step};
 
 use crate::plugins::RegistryCaller;
 
@@ -176,12 +176,10 @@ impl Backend for EnsembleBackend {
     }
 
     fn load(&self, config: &ModelConfig, _model_file: &Path) -> Result<Box<dyn LoadedModel>> {
-        let scheduling = config
-            .other
-            .get("ensemble_scheduling")
-            .ok_or_else(|| Error::invalid("an ensemble needs ensemble_scheduling"))?;
-        let steps = steps_from_json(scheduling)
-            .map_err(|e| e.context(format!("ensemble '{}'", config.name)))?;
+        // Read and checked when the config was validated.
+        let steps = wisp_core::config::ensemble::steps(config).map_err(|errs| {
+            Error::invalid(format!("ensemble '{}': {}", config.name, errs.join("; ")))
+        })?;
         let inputs: Vec<String> = config.input.iter().map(|i| i.name.clone()).collect();
         let outputs: Vec<String> = config.output.iter().map(|o| o.name.clone()).collect();
         let plan = Plan::new(&config.name, &inputs, &outputs, steps)?;

@@ -30,6 +30,9 @@ pub struct ModelVersion {
     pub engine: String,
     /// Seconds it took to load (and warm up).
     pub load_secs: f64,
+    /// For an ensemble, the models its steps call, with the version each asks for (read from
+    /// the config once, at load).
+    pub composing: Vec<(String, Option<u64>)>,
     scheduler: Arc<Scheduler>,
     loaded: Arc<dyn LoadedModel>,
 }
@@ -457,6 +460,7 @@ impl Registry {
                     labels: m.labels.clone(),
                     engine: m.engine.clone(),
                     load_secs: m.load_secs,
+                    composing: m.composing.clone(),
                     scheduler: m.scheduler.clone(),
                     loaded: m.loaded.clone(),
                 })),
@@ -668,20 +672,12 @@ impl Registry {
         if !m.config.is_ensemble() || depth > 16 {
             return Ok(());
         }
-        let steps = m
-            .config
-            .other
-            .get("ensemble_scheduling")
-            .map(wisp_scheduler::ensemble::steps_from_json)
-            .transpose()?
-            .unwrap_or_default();
-        for (i, step) in steps.iter().enumerate() {
-            let v = step.version.map(|v| v.to_string());
-            self.check_ready_depth(&step.model, v.as_deref(), depth + 1)
+        for (i, (model, version)) in m.composing.iter().enumerate() {
+            let v = version.map(|v| v.to_string());
+            self.check_ready_depth(model, v.as_deref(), depth + 1)
                 .map_err(|e| {
                     Error::unavailable(format!(
-                        "ensemble '{name}' {} is not ready: {}",
-                        step.label(i),
+                        "ensemble '{name}' step {i} ('{model}') is not ready: {}",
                         e.message()
                     ))
                 })?;
@@ -1029,7 +1025,13 @@ fn load_version(
         observer,
     )?);
     let engine = loaded.engine().to_string();
+    let composing = wisp_core::config::ensemble::steps(cfg)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.model, s.version))
+        .collect();
     Ok(ModelVersion {
+        composing,
         loaded: Arc::from(loaded),
         name: dir.name.clone(),
         version,

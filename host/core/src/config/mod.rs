@@ -9,6 +9,7 @@
 //! Fields that are valid Triton but that Wisp does not act on are kept (and echoed by the
 //! `/config` endpoint) and listed by [`ModelConfig::unsupported_fields`] so the loader warns.
 
+pub mod ensemble;
 mod schema;
 
 use std::collections::BTreeMap;
@@ -629,11 +630,27 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
     }
     let wasm = cfg.is_wasm() && cfg.platform.is_empty();
     let ensemble = cfg.is_ensemble() && cfg.backend.is_empty();
-    if ensemble && !cfg.other.contains_key("ensemble_scheduling") {
+    if ensemble && !cfg.other.contains_key(ensemble::FIELD) {
         err(
-            "ensemble_scheduling".into(),
+            ensemble::FIELD.into(),
             "an ensemble needs ensemble_scheduling { step [ ... ] }".into(),
         );
+    } else if ensemble {
+        // The steps and the DAG they form, with the config's other errors.
+        let problems = match ensemble::steps(cfg) {
+            Ok(steps) => {
+                let names = |io: &mut dyn Iterator<Item = &String>| io.cloned().collect::<Vec<_>>();
+                ensemble::check_dag(
+                    &names(&mut cfg.input.iter().map(|i| &i.name)),
+                    &names(&mut cfg.output.iter().map(|o| &o.name)),
+                    &steps,
+                )
+            }
+            Err(problems) => problems,
+        };
+        for p in problems {
+            err(ensemble::FIELD.into(), p);
+        }
     }
     if !(cfg.is_onnx() || wasm || ensemble) {
         let what = if cfg.platform.is_empty() && cfg.backend.is_empty() {
