@@ -4,14 +4,7 @@ use std::time::Duration;
 
 use wisp_core::config::{ModelConfig, QueuePolicy};
 
-/// What happens to a request whose queue timeout expires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimeoutAction {
-    /// Fail it with "Request timeout expired".
-    Reject,
-    /// Serve it after every request of the same or higher priority still in time.
-    Delay,
-}
+pub use wisp_core::config::TimeoutAction;
 
 /// Queue policy of one priority level.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,11 +33,7 @@ impl Default for LevelPolicy {
 impl From<&QueuePolicy> for LevelPolicy {
     fn from(p: &QueuePolicy) -> Self {
         LevelPolicy {
-            action: if p.timeout_action == "DELAY" {
-                TimeoutAction::Delay
-            } else {
-                TimeoutAction::Reject
-            },
+            action: p.timeout_action,
             default_timeout: (p.default_timeout_microseconds > 0)
                 .then(|| Duration::from_micros(p.default_timeout_microseconds)),
             allow_override: p.allow_timeout_override,

@@ -313,7 +313,7 @@ fn timeouts_reject_or_delay() {
             1,
             dynamic(|d| {
                 d.default_queue_policy = Some(QueuePolicy {
-                    timeout_action: "DELAY".into(),
+                    timeout_action: wisp_core::config::TimeoutAction::Delay,
                     allow_timeout_override: true,
                     ..Default::default()
                 });

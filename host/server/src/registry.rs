@@ -901,17 +901,9 @@ fn prepare_config_from(
 ) -> Result<(ModelConfig, Option<u64>)> {
     let mut verified = None;
     let name = dir.name.as_str();
-    let (mut cfg, max_batch_size_set) = match config_json {
-        Some(json) => {
-            let set = serde_json::from_str::<serde_json::Value>(json)
-                .ok()
-                .is_some_and(|v| v.get("max_batch_size").is_some());
-            (
-                config::config_from_json(json)
-                    .map_err(|e| e.context(format!("model '{name}': 'config' parameter")))?,
-                set,
-            )
-        }
+    let mut cfg = match config_json {
+        Some(json) => config::config_from_json(json)
+            .map_err(|e| e.context(format!("model '{name}': 'config' parameter")))?,
         None => {
             let path = dir.path.join("config.pbtxt");
             let text = match std::fs::read_to_string(&path) {
@@ -924,10 +916,7 @@ fn prepare_config_from(
                     )))
                 }
             };
-            (
-                config::parse_pbtxt(name, &text)?,
-                config::sets_max_batch_size(&text),
-            )
+            config::parse_pbtxt(name, &text)?
         }
     };
     config::normalize(&mut cfg, name, &dir.path);
@@ -953,7 +942,7 @@ fn prepare_config_from(
             }
             if file.is_file() {
                 let io = backend.describe(&file)?;
-                config::autocomplete(&mut cfg, &io, max_batch_size_set);
+                config::autocomplete(&mut cfg, &io);
                 config::normalize(&mut cfg, name, &dir.path);
             }
         }

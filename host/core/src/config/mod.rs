@@ -91,6 +91,10 @@ pub struct ModelConfig {
     pub version_policy: Option<VersionPolicy>,
     /// 0: the model does not batch; ≥ 1: inputs and outputs carry an implicit batch dim.
     pub max_batch_size: i32,
+    /// Whether the config's text or JSON set `max_batch_size` (0 included); when it did not,
+    /// auto-complete may choose one. Not part of the config's JSON.
+    #[serde(skip)]
+    pub max_batch_size_set: bool,
     /// Inputs.
     pub input: Vec<ModelInput>,
     /// Outputs.
@@ -199,14 +203,44 @@ pub struct Reshape {
     pub shape: Vec<i64>,
 }
 
+/// `instance_group[].kind`: Triton's names, which the schema alone admits.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum InstanceKind {
+    /// `KIND_AUTO`: normalized to `KIND_CPU`.
+    #[default]
+    #[serde(rename = "KIND_AUTO")]
+    Auto,
+    /// `KIND_GPU`: refused by validation.
+    #[serde(rename = "KIND_GPU")]
+    Gpu,
+    /// `KIND_CPU`.
+    #[serde(rename = "KIND_CPU")]
+    Cpu,
+    /// `KIND_MODEL`: the model places itself.
+    #[serde(rename = "KIND_MODEL")]
+    Model,
+}
+
+/// `ModelQueuePolicy.timeout_action`: what happens to a request whose queue timeout expires.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum TimeoutAction {
+    /// `REJECT`: fail it with "Request timeout expired".
+    #[default]
+    #[serde(rename = "REJECT")]
+    Reject,
+    /// `DELAY`: serve it after every request of the same or higher priority still in time.
+    #[serde(rename = "DELAY")]
+    Delay,
+}
+
 /// `instance_group[]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct InstanceGroup {
     /// Group name (default `<model>_<index>`... normalized to the model name as Triton does).
     pub name: String,
-    /// `KIND_AUTO`, `KIND_CPU`, `KIND_MODEL` (`KIND_GPU` is rejected: Wisp runs on CPU).
-    pub kind: String,
+    /// Where the instances run (`KIND_GPU` is rejected: Wisp runs on CPU).
+    pub kind: InstanceKind,
     /// Number of instances.
     pub count: i32,
     /// Host policy name (`--host-policy`).
@@ -251,7 +285,7 @@ pub struct DynamicBatching {
 #[serde(default)]
 pub struct QueuePolicy {
     /// `REJECT` (default) or `DELAY`.
-    pub timeout_action: String,
+    pub timeout_action: TimeoutAction,
     /// Default timeout in µs (0 = none).
     pub default_timeout_microseconds: u64,
     /// A request may lower (never raise) the timeout with its `timeout` parameter.
@@ -411,13 +445,6 @@ pub fn parse_pbtxt(model: &str, text: &str) -> Result<ModelConfig, ConfigErrors>
     })
 }
 
-/// Whether the text sets `max_batch_size` explicitly (proto3 cannot tell 0 from unset).
-pub fn sets_max_batch_size(text: &str) -> bool {
-    text.lines()
-        .map(|l| l.split('#').next().unwrap_or(""))
-        .any(|l| l.trim_start().starts_with("max_batch_size"))
-}
-
 /// A model file's own description of one tensor, for auto-complete.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IoSpec {
@@ -439,12 +466,12 @@ pub struct ModelIo {
 }
 
 /// Fills in what the config leaves out from the model file, as Triton's ONNX backend does:
-/// `max_batch_size` (when the text did not set it and every tensor's first dim is variable),
+/// `max_batch_size` (when the config did not set it and every tensor's first dim is variable),
 /// missing inputs and outputs, and missing `data_type`/`dims` of listed ones.
-pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo, max_batch_size_set: bool) {
+pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo) {
     let all = io.inputs.iter().chain(io.outputs.iter());
     let can_batch = !io.inputs.is_empty() && all.clone().all(|t| t.shape.first() == Some(&-1));
-    if !max_batch_size_set && cfg.max_batch_size == 0 && can_batch {
+    if !cfg.max_batch_size_set && cfg.max_batch_size == 0 && can_batch {
         // As Triton: a default max batch size > 1 also turns the dynamic batcher on.
         cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE;
         if cfg.dynamic_batching.is_none() && !cfg.other.contains_key("sequence_batching") {
@@ -578,8 +605,8 @@ pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
                 format!("{name}_{i}")
             };
         }
-        if g.kind.is_empty() || g.kind == "KIND_AUTO" {
-            g.kind = "KIND_CPU".into();
+        if g.kind == InstanceKind::Auto {
+            g.kind = InstanceKind::Cpu;
         }
         if g.count == 0 {
             // Triton's default: two CPU instances for ONNX Runtime models, one otherwise.
@@ -816,13 +843,11 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
     }
     for (i, g) in cfg.instance_group.iter().enumerate() {
         let p = format!("instance_group[{i}]");
-        match g.kind.as_str() {
-            "KIND_CPU" | "KIND_MODEL" | "KIND_AUTO" => {}
-            "KIND_GPU" => err(
+        if g.kind == InstanceKind::Gpu {
+            err(
                 format!("{p}.kind"),
                 "KIND_GPU is not supported: Wisp runs models on the CPU (use KIND_CPU)".into(),
-            ),
-            other => err(format!("{p}.kind"), format!("unknown kind '{other}'")),
+            );
         }
         if g.count < 1 || g.count > bounds::MAX_INSTANCES {
             err(
@@ -899,12 +924,6 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
                     .map(|(l, p)| (format!("dynamic_batching.priority_queue_policy[{l}]"), p)),
             );
         for (path, p) in policies {
-            if !matches!(p.timeout_action.as_str(), "" | "REJECT" | "DELAY") {
-                err(
-                    format!("{path}.timeout_action"),
-                    format!("must be REJECT or DELAY, got {}", p.timeout_action),
-                );
-            }
             if p.default_timeout_microseconds > bounds::MAX_TIMEOUT_US {
                 err(
                     format!("{path}.default_timeout_microseconds"),

@@ -34,8 +34,15 @@ pub(super) fn parse_text(text: &str) -> std::result::Result<ModelConfig, String>
     let text = add_list_colons(text);
     let msg = DynamicMessage::parse_text_format(descriptor().clone(), &text)
         .map_err(|e| describe_parse_error(&text, &e))?;
-    serde_json::from_value(to_json(&msg, false))
-        .map_err(|e| format!("config does not fit the schema: {e}"))
+    let mut cfg: ModelConfig = serde_json::from_value(to_json(&msg, false))
+        .map_err(|e| format!("config does not fit the schema: {e}"))?;
+    cfg.max_batch_size_set = sets_max_batch_size(&msg);
+    Ok(cfg)
+}
+
+/// Whether the message sets `max_batch_size`, 0 included (the field is `optional`).
+fn sets_max_batch_size(msg: &DynamicMessage) -> bool {
+    msg.has_field_by_name("max_batch_size")
 }
 
 /// Inserts the optional `:` between a field name and a `[` list (`input [ { .. } ]`), which the
@@ -142,8 +149,10 @@ pub fn config_from_json(json: &str) -> Result<ModelConfig> {
     let mut de = serde_json::Deserializer::from_str(json);
     let msg = DynamicMessage::deserialize(descriptor().clone(), &mut de)
         .map_err(|e| Error::invalid(format!("invalid config JSON: {e}")))?;
-    serde_json::from_value(to_json(&msg, false))
-        .map_err(|e| Error::invalid(format!("config JSON does not fit the schema: {e}")))
+    let mut cfg: ModelConfig = serde_json::from_value(to_json(&msg, false))
+        .map_err(|e| Error::invalid(format!("config JSON does not fit the schema: {e}")))?;
+    cfg.max_batch_size_set = sets_max_batch_size(&msg);
+    Ok(cfg)
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ fn parses_a_full_triton_config() {
         cfg.unsupported_fields(),
         vec!["sequence_batching".to_string()]
     );
-    assert!(sets_max_batch_size(FULL));
+    assert!(cfg.max_batch_size_set);
 }
 
 #[test]
@@ -105,7 +105,7 @@ fn io() -> ModelIo {
 #[test]
 fn autocomplete_fills_everything_from_the_model() {
     let mut cfg = parse_pbtxt("cls", "").unwrap();
-    autocomplete(&mut cfg, &io(), false);
+    autocomplete(&mut cfg, &io());
     assert_eq!(cfg.max_batch_size, DEFAULT_MAX_BATCH_SIZE);
     assert!(
         cfg.dynamic_batching.is_some(),
@@ -120,16 +120,24 @@ fn autocomplete_fills_everything_from_the_model() {
 fn autocomplete_respects_explicit_max_batch_size_zero() {
     let text = "max_batch_size: 0";
     let mut cfg = parse_pbtxt("cls", text).unwrap();
-    autocomplete(&mut cfg, &io(), sets_max_batch_size(text));
+    assert!(cfg.max_batch_size_set);
+    autocomplete(&mut cfg, &io());
     assert_eq!(cfg.max_batch_size, 0);
     assert_eq!(cfg.input[0].dims, vec![-1, 3, 48, 192]);
+    // The same from JSON (a load request's config), where the key is present with 0.
+    let mut cfg = config_from_json(r#"{"name": "cls", "max_batch_size": 0}"#).unwrap();
+    assert!(cfg.max_batch_size_set);
+    autocomplete(&mut cfg, &io());
+    assert_eq!(cfg.max_batch_size, 0);
+    let cfg = config_from_json(r#"{"name": "cls"}"#).unwrap();
+    assert!(!cfg.max_batch_size_set);
 }
 
 #[test]
 fn autocomplete_fills_partial_inputs_only() {
     let text = "max_batch_size: 2\ninput [ { name: \"x\" } ]\noutput [ { name: \"y\" label_filename: \"l.txt\" } ]";
     let mut cfg = parse_pbtxt("cls", text).unwrap();
-    autocomplete(&mut cfg, &io(), true);
+    autocomplete(&mut cfg, &io());
     assert_eq!(cfg.input[0].dims, vec![3, 48, 192]);
     assert_eq!(cfg.output[0].label_filename, "l.txt");
     assert_eq!(cfg.output[0].data_type, "TYPE_FP32");
@@ -140,7 +148,7 @@ fn fixed_first_dim_does_not_batch() {
     let mut io = io();
     io.inputs[0].shape[0] = 1;
     let mut cfg = parse_pbtxt("cls", "").unwrap();
-    autocomplete(&mut cfg, &io, false);
+    autocomplete(&mut cfg, &io);
     assert_eq!(cfg.max_batch_size, 0);
     assert_eq!(cfg.input[0].dims, vec![1, 3, 48, 192]);
 }
@@ -161,7 +169,7 @@ fn normalize_sets_triton_defaults() {
             .num_versions,
         1
     );
-    assert_eq!(cfg.instance_group[0].kind, "KIND_CPU");
+    assert_eq!(cfg.instance_group[0].kind, InstanceKind::Cpu);
     assert_eq!(cfg.instance_group[0].count, 2);
     assert_eq!(cfg.default_model_filename, "model.onnx");
 }
