@@ -134,3 +134,19 @@ def test_errors(client):
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "INPUT0" in e.value.message()
     assert client.is_server_live()
+
+
+def test_model_ready_is_false_for_unknown_models_and_versions(client):
+    # Triton answers ModelReady with ready=false and status OK: no exception.
+    assert client.is_model_ready("missing_model") is False
+    assert client.is_model_ready("add_sub", "9") is False
+    assert client.is_model_ready("add_sub") is True
+
+
+def test_an_output_requested_twice_is_rejected(client):
+    z = np.zeros((1, 16), dtype=np.float32)
+    outputs = [grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT0")]
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", add_sub_inputs(z, z), outputs=outputs)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'OUTPUT0' is requested more than once" in e.value.message()

@@ -139,3 +139,24 @@ def test_schedule_policy_parameters(client):
         i.set_data_from_numpy(a)
     res = client.infer("add_sub", inputs, priority=1, timeout=10_000_000)
     np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), a)
+
+
+def test_model_ready_is_false_for_unknown_models_and_versions(client):
+    # Triton answers "not ready" (HTTP 400) rather than an error, so the client returns False.
+    assert client.is_model_ready("missing_model") is False
+    assert client.is_model_ready("add_sub", "9") is False
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_metadata("missing_model")
+    assert "Request for unknown model: 'missing_model' is not found" in e.value.message()
+
+
+def test_an_output_requested_twice_is_rejected(client):
+    a = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+    a.set_data_from_numpy(np.zeros((1, 16), dtype=np.float32))
+    b = httpclient.InferInput("INPUT1", [1, 16], "FP32")
+    b.set_data_from_numpy(np.zeros((1, 16), dtype=np.float32))
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0"), httpclient.InferRequestedOutput("OUTPUT0")]
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", [a, b], outputs=outputs)
+    assert e.value.status() == "400"
+    assert "'OUTPUT0' is requested more than once" in e.value.message()

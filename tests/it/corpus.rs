@@ -441,7 +441,7 @@ fn http_cases() -> Vec<Case> {
             "GET",
             "/v2/models/add_sub/versions/9",
             404,
-            "version 9",
+            "'add_sub' version 9 is not found",
         ),
         (
             "bad version",

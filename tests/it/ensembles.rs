@@ -212,7 +212,7 @@ async fn ensemble_pipeline_matches_its_bls_twin_and_validates() {
     // ... and the ensemble reports not-ready until the model is back.
     assert_eq!(
         c.get("/v2/models/pipeline/ready").await.unwrap().status,
-        503
+        400
     );
     let r = c
         .send("POST", "/v2/repository/models/colors/load", &[], "{}")

@@ -95,7 +95,7 @@ async fn bad_requests_get_clear_errors() {
     check(
         c.get("/v2/models/nope").await.unwrap(),
         404,
-        "unknown model: 'nope'",
+        "Request for unknown model: 'nope' is not found",
     );
     check(
         c.post_json("/v2/models/nope/infer", &add_sub_request(1))
@@ -107,7 +107,7 @@ async fn bad_requests_get_clear_errors() {
     check(
         c.get("/v2/models/add_sub/versions/7").await.unwrap(),
         404,
-        "unknown version 7",
+        "Request for unknown model: 'add_sub' version 7 is not found",
     );
     check(
         c.get("/v2/models/add_sub/versions/x/config").await.unwrap(),
@@ -393,7 +393,7 @@ async fn broken_models_are_unavailable_and_never_stop_the_others() {
                 .await
                 .unwrap()
                 .status,
-            503,
+            400,
             "{model}"
         );
         let r = c
@@ -436,7 +436,7 @@ async fn version_policy_serves_the_selected_versions() {
             .await
             .unwrap()
             .status,
-        404
+        400
     );
     let r = c
         .post_json("/v2/models/add_sub/versions/2/infer", &add_sub_request(1))

@@ -330,7 +330,7 @@ async fn poll_mode_follows_the_repository_despite_a_broken_model() {
     // and a removed model is unloaded
     std::fs::remove_dir_all(dir.path().join("classifier")).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while c.get("/v2/models/classifier/ready").await.unwrap().status != 404 {
+    while c.get("/v2/models/classifier/ready").await.unwrap().status != 400 {
         assert!(Instant::now() < deadline, "removed model still loaded");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -85,6 +85,37 @@ async fn http_and_grpc_answer_alike() {
         .unwrap_err();
     assert_eq!((unknown.status, code), (404, 5));
     assert_eq!(unknown.json()["error"], msg);
+    assert!(
+        msg.contains("Request for unknown model: 'nope' is not found"),
+        "{msg}"
+    );
+
+    // readiness of an unknown model or version is "not ready", not an error (Triton's answer:
+    // HTTP 400, gRPC ready=false with OK)
+    for (name, version) in [("nope", ""), ("add_sub", "9"), ("add_sub", "")] {
+        let path = match version {
+            "" => format!("/v2/models/{name}/ready"),
+            v => format!("/v2/models/{name}/versions/{v}/ready"),
+        };
+        let http = c.get(&path).await.unwrap().status;
+        let r: pb::ModelReadyResponse = g
+            .unary(
+                "ModelReady",
+                &pb::ModelReadyRequest {
+                    name: name.into(),
+                    version: version.into(),
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        let ready = name == "add_sub" && version.is_empty();
+        assert_eq!(
+            (http, r.ready),
+            (if ready { 200 } else { 400 }, ready),
+            "{path}"
+        );
+    }
 
     let before = fail_count(&mut c).await;
     let bad_http = c

@@ -159,7 +159,12 @@ pub fn validate(req: &InferRequest, cfg: &ModelConfig) -> Result<()> {
             )));
         }
     }
-    for name in &req.requested_outputs {
+    for (i, name) in req.requested_outputs.iter().enumerate() {
+        if req.requested_outputs[..i].contains(name) {
+            return Err(Error::invalid(format!(
+                "output '{name}' is requested more than once"
+            )));
+        }
         if !cfg.output.iter().any(|c| &c.name == name) {
             let known: Vec<&str> = cfg.output.iter().map(|c| c.name.as_str()).collect();
             return Err(Error::invalid(format!(
@@ -195,5 +200,35 @@ mod scheduling_tests {
         assert!(e.message().contains("'priority'"), "{e}");
         let e = Scheduling::from_parameters(&p(serde_json::json!({"timeout": -1}))).unwrap_err();
         assert!(e.message().contains("'timeout'"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod validate_tests {
+    use super::*;
+    use crate::config::ModelOutput;
+
+    #[test]
+    fn an_output_requested_twice_is_named() {
+        let cfg = ModelConfig {
+            name: "m".into(),
+            output: vec![ModelOutput {
+                name: "y".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut req = InferRequest {
+            requested_outputs: vec!["y".into()],
+            ..Default::default()
+        };
+        validate(&req, &cfg).unwrap();
+        req.requested_outputs.push("y".into());
+        let e = validate(&req, &cfg).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArg);
+        assert!(
+            e.message().contains("'y' is requested more than once"),
+            "{e}"
+        );
     }
 }

@@ -339,10 +339,12 @@ impl GrpcInferenceService for GrpcService {
         r: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = r.into_inner();
+        // Unknown, unloaded and not-ready models are `ready: false` with OK, as in Triton.
         let ready = self
             .service
             .model_ready(&r.name, version_of(&r.version))
-            .map_err(status)?;
+            .map_err(status)?
+            .is_ok();
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 

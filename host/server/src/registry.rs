@@ -615,7 +615,9 @@ impl Registry {
             .expect("registry lock")
             .get(name)
             .cloned()
-            .ok_or_else(|| Error::not_found(format!("unknown model: '{name}'")))
+            .ok_or_else(|| {
+                Error::not_found(format!("Request for unknown model: '{name}' is not found"))
+            })
     }
 
     /// The ready version to serve: `version` if given, else the highest ready one.
@@ -639,7 +641,7 @@ impl Registry {
                         "version {n} of model '{name}' is not ready: {r}"
                     ))),
                     None => Err(Error::not_found(format!(
-                        "unknown version {n} of model '{name}' (served: {})",
+                        "Request for unknown model: '{name}' version {n} is not found (served: {})",
                         versions_list(&entry)
                     ))),
                 }

@@ -145,9 +145,15 @@ fn server_ready(app: &AppState) -> Response {
 }
 
 fn model_ready(app: &AppState, model: &str, version: Option<&str>) -> Response {
+    // Triton answers 400 for a model that is not ready, whether unknown, unloaded or
+    // failed; the body says which.
     match app.service.model_ready(model, version) {
-        Ok(true) => StatusCode::OK.into_response(),
-        Ok(false) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        Ok(Ok(())) => StatusCode::OK.into_response(),
+        Ok(Err(why)) => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({ "error": why.message() })),
+        )
+            .into_response(),
         Err(e) => ApiError(e).into_response(),
     }
 }

@@ -165,12 +165,18 @@ impl Service {
         !self.strict_readiness || self.registry.all_ready()
     }
 
-    /// Whether a model (version) is ready; an unknown model or version is an error.
-    pub fn model_ready(&self, model: &str, version: Option<&str>) -> Result<bool> {
+    /// Whether a model (version) is ready, as Triton answers it: a model or version that is
+    /// unknown, not loaded or not ready is simply not ready (`Ok(Err(why))`); only a malformed
+    /// version is an error.
+    pub fn model_ready(
+        &self,
+        model: &str,
+        version: Option<&str>,
+    ) -> Result<std::result::Result<(), wisp_core::Error>> {
         match self.registry.check_ready(model, version) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == ErrorKind::NotFound => Err(e),
-            Err(_) => Ok(false),
+            Ok(()) => Ok(Ok(())),
+            Err(e) if e.kind() == ErrorKind::InvalidArg => Err(e),
+            Err(why) => Ok(Err(why)),
         }
     }
 
