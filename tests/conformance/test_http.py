@@ -77,6 +77,22 @@ def test_infer_bytes(client):
     np.testing.assert_array_equal(res.as_numpy("same"), arr)
 
 
+def test_bytes_with_nul_are_served_or_refused_with_a_reason(client, server):
+    arr = np.array([[b"a\x00b", b"ok"]], dtype=np.object_)
+    i = httpclient.InferInput("text", [1, 2], "BYTES")
+    i.set_data_from_numpy(arr, binary_data=True)
+    if server["engine"] == "onnxruntime":
+        # ONNX Runtime strings are C strings: a 400 that says why, never a 500.
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("strings", [i])
+        assert e.value.status() == "400"
+        assert "NUL byte" in e.value.message()
+    else:
+        res = client.infer("strings", [i])
+        np.testing.assert_array_equal(res.as_numpy("same"), arr)
+    assert client.is_server_live()
+
+
 def test_classification(client):
     x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
     i = httpclient.InferInput("x", [2, 8], "FP32")

@@ -9,7 +9,7 @@ use ort::session::Session;
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 use wisp_core::{DataType, Error, Result, Tensor};
 
-use crate::convert::{from_le, from_strings, to_le, to_strings};
+use crate::convert::{check_no_nul, from_le, from_strings, to_le, to_strings};
 use crate::Runner;
 
 /// The process-wide ONNX Runtime environment (ONNX Runtime allows exactly one).
@@ -116,6 +116,7 @@ fn to_value(t: &Tensor) -> Result<DynValue> {
         DataType::Bf16 => make!(half::bf16),
         DataType::Bytes => {
             let strings = to_strings(&t.data, &t.name)?;
+            check_no_nul(&strings, &t.name)?;
             OrtTensor::from_string_array((shape, strings.as_slice()))
                 .map(|v| v.into_dyn())
                 .map_err(ort_err)
