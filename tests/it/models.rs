@@ -32,7 +32,14 @@ async fn fixtures_match_onnxruntime_outputs_on_both_engines() {
     for engine in ENGINES {
         let server = start(&repo, engine).await;
         let mut c = Client::connect(server.http_addr()).await.unwrap();
-        for model in ["add_sub", "classifier", "no_batch", "dtypes", "strings"] {
+        for model in [
+            "add_sub",
+            "classifier",
+            "no_batch",
+            "dtypes",
+            "add_int64",
+            "strings",
+        ] {
             let expected: Value = serde_json::from_str(
                 &std::fs::read_to_string(repo.join(model).join("expected.json")).unwrap(),
             )

@@ -210,6 +210,17 @@ fn to_tract(t: &Tensor) -> Result<TractTensor> {
 }
 
 fn from_tract(name: &str, t: &TractTensor) -> Result<Tensor> {
+    // tract computes on INT64 values as dimension expressions (TDim) in places: once concrete
+    // they are plain INT64.
+    let cast;
+    let t = if t.datum_type() == DatumType::TDim {
+        cast = t
+            .cast_to::<i64>()
+            .map_err(|e| Error::internal(format!("output '{name}': {e:#}")))?;
+        &*cast
+    } else {
+        t
+    };
     let dt = from_datum(t.datum_type()).ok_or_else(|| {
         Error::unsupported(format!(
             "output '{name}' has tract type {:?}, which Wisp does not serve",
