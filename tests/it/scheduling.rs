@@ -1,5 +1,7 @@
 //! Dynamic batching, statistics, metrics, response cache and warm-up through the real server.
 
+use std::time::{Duration, Instant};
+
 use serde_json::{json, Value};
 use wisp_server::settings::OnnxEngine;
 use wisp_tests::{copy_dir, fixture_repo, Client};
@@ -306,33 +308,35 @@ async fn a_full_queue_answers_503_at_once() {
     );
     let server = start_with(dir.path(), OnnxEngine::Tract, |_| {}).await;
     let addr = server.http_addr();
-    let waiting = tokio::spawn(async move {
-        let mut c = Client::connect(addr).await.unwrap();
-        c.post_json("/v2/models/add_sub/infer", &add_sub_request(0.0))
-            .await
-            .unwrap()
-            .status
-    });
-    let mut c = Client::connect(addr).await.unwrap();
-    // wait (bounded) until the first request is queued
-    let mut rejected = None;
-    for _ in 0..200 {
-        let r = c
-            .post_json("/v2/models/add_sub/infer", &add_sub_request(1.0))
-            .await
-            .unwrap();
-        if r.status == 503 {
-            rejected = Some(r.json()["error"].as_str().unwrap().to_string());
-            break;
-        }
-    }
-    let msg = rejected.expect("a request was rejected while the queue was full");
+    // Two requests race for the one queue slot: whichever wins is held by the batching delay
+    // and then served; the other is refused at once. (Sending one after another in a loop
+    // could stall: a loop request that won the slot waited out the delay each time.)
+    let send = |x: f32| {
+        tokio::spawn(async move {
+            let mut c = Client::connect(addr).await.unwrap();
+            let start = Instant::now();
+            let r = c
+                .post_json("/v2/models/add_sub/infer", &add_sub_request(x))
+                .await
+                .unwrap();
+            (r.status, r.json(), start.elapsed())
+        })
+    };
+    let first = send(0.0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = send(1.0);
+    let mut answers = vec![first.await.unwrap(), second.await.unwrap()];
+    answers.sort_by_key(|a| a.0);
+    let statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    assert_eq!(statuses, [200, 503], "{answers:?}");
+    let (_, refused, waited) = &answers[1];
+    let msg = refused["error"].as_str().unwrap();
     assert!(msg.contains("Exceeds maximum queue size"), "{msg}");
-    assert_eq!(
-        waiting.await.unwrap(),
-        200,
-        "the queued request is still served"
+    assert!(
+        *waited < Duration::from_secs(2),
+        "the refusal waited {waited:?}: it should come at once"
     );
+    let mut c = Client::connect(addr).await.unwrap();
     let s = stats_of(&mut c, "add_sub").await;
     assert!(s["inference_stats"]["fail"]["count"].as_u64().unwrap() >= 1);
     server.shutdown().await.unwrap();
