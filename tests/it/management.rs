@@ -148,10 +148,12 @@ async fn explicit_mode_loads_unloads_and_indexes() {
         .await
         .unwrap();
     assert_eq!(r.status, 503);
-    assert!(r.json()["error"]
-        .as_str()
-        .unwrap()
-        .contains("--model-control-mode explicit"));
+    let msg = r.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        msg.starts_with("explicit model load / unload is not allowed if polling is enabled"),
+        "Triton's wording first: {msg}"
+    );
+    assert!(msg.contains("--model-control-mode explicit"), "{msg}");
     assert_eq!(c.get("/v2/models/add_sub/ready").await.unwrap().status, 200);
     server.shutdown().await.unwrap();
 }

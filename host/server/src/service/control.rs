@@ -28,8 +28,9 @@ impl Service {
             ));
         }
         if self.control_mode != ControlMode::Explicit {
+            // Triton's message (it says so in every mode but explicit), then ours.
             return Err(Error::unavailable(format!(
-                "explicit model load / unload is not allowed in model control mode '{}' (start with --model-control-mode explicit)",
+                "explicit model load / unload is not allowed if polling is enabled (model control mode is '{}'; start with --model-control-mode explicit)",
                 format!("{:?}", self.control_mode).to_lowercase()
             )));
         }
