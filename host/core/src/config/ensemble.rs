@@ -41,6 +41,15 @@ pub fn steps(cfg: &ModelConfig) -> Result<Vec<EnsembleStep>, Vec<String>> {
         Some(serde_json::Value::Array(a)) => a,
         Some(_) => return Err(vec!["'step' must be a list of steps".to_string()]),
     };
+    // Bounded before anything walks the steps: a long chain would otherwise recurse as deep
+    // as it is long in the cycle check.
+    if raw.len() > super::bounds::MAX_ENSEMBLE_STEPS {
+        return Err(vec![format!(
+            "'step' has {} entries, more than {}",
+            raw.len(),
+            super::bounds::MAX_ENSEMBLE_STEPS
+        )]);
+    }
     let mut errs = Vec::new();
     let map = |n: usize, key: &str, v: Option<&serde_json::Value>, errs: &mut Vec<String>| match v
         .map(|v| serde_json::from_value::<BTreeMap<String, String>>(v.clone()))
@@ -235,6 +244,23 @@ mod tests {
         );
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert!(check_dag(&names(&["RAW"]), &names(&["OUT"]), &steps).is_empty());
+    }
+
+    #[test]
+    fn a_step_list_longer_than_the_bound_is_refused_before_it_is_walked() {
+        // A chain t0 -> t1 -> ... long enough to overflow the stack if walked recursively.
+        let n = 200_000;
+        let chain: Vec<_> = (0..n)
+            .map(|i| {
+                serde_json::json!({"model_name": "m", "input_map": {"x": format!("t{i}")},
+                    "output_map": {"y": format!("t{}", i + 1)}})
+            })
+            .collect();
+        let errs = steps(&cfg(serde_json::json!({ "step": chain }))).unwrap_err();
+        assert_eq!(
+            errs,
+            vec![format!("'step' has {n} entries, more than 1024")]
+        );
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub mod bounds {
     pub const MAX_WARMUP_BYTES: u64 = 256 << 20;
     /// `version_policy.latest.num_versions` and `version_policy.specific.versions` entries.
     pub const MAX_VERSIONS: u32 = 1024;
+    /// `ensemble_scheduling.step` entries (the DAG check walks them recursively).
+    pub const MAX_ENSEMBLE_STEPS: usize = 1024;
 }
 
 type Map = serde_json::Map<String, serde_json::Value>;
