@@ -135,7 +135,8 @@ pub fn from_wit_datatype(d: wit::Datatype) -> DataType {
 }
 
 /// A parameter value as the plugin sees it; `text` holds the JSON text of a value that is not
-/// a scalar (an array or object), which the borrowed WIT value points into.
+/// a bool, number or string (null, an array or an object), which the borrowed WIT value points
+/// into.
 fn to_wit_param_value<'a>(v: &'a serde_json::Value, text: &'a str) -> wit::ParamValue<'a> {
     use serde_json::Value;
     match v {
@@ -178,8 +179,11 @@ impl<'a> WitParts<'a> {
                 .parameters
                 .values()
                 .map(|v| match v {
-                    serde_json::Value::Array(_) | serde_json::Value::Object(_) => v.to_string(),
-                    _ => String::new(),
+                    serde_json::Value::Bool(_)
+                    | serde_json::Value::Number(_)
+                    | serde_json::Value::String(_) => String::new(),
+                    // null, arrays and objects reach the plugin as their JSON text
+                    _ => v.to_string(),
                 })
                 .collect(),
             request: r,
@@ -261,6 +265,8 @@ mod tests {
         r.parameters.insert("i".into(), (-3).into());
         r.parameters.insert("f".into(), 0.5.into());
         r.parameters.insert("s".into(), "x".into());
+        r.parameters.insert("n".into(), serde_json::Value::Null);
+        r.parameters.insert("a".into(), serde_json::json!([1, 2]));
         let parts = WitParts::new(&r);
         let parameters = parts.parameters();
         let w = parts.request(&parameters);
@@ -276,6 +282,8 @@ mod tests {
         assert!(matches!(find("i"), wit::ParamValue::Int(-3)));
         assert!(matches!(find("f"), wit::ParamValue::Double(v) if v == 0.5));
         assert!(matches!(find("s"), wit::ParamValue::Text(s) if s == "x"));
+        assert!(matches!(find("n"), wit::ParamValue::Text(s) if s == "null"));
+        assert!(matches!(find("a"), wit::ParamValue::Text(s) if s == "[1,2]"));
     }
 
     #[test]
