@@ -18,15 +18,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session", params=["tract", "onnxruntime"])
-def server(request):
+def start_wisp(repo, engine, log_name, extra_args=()):
+    """Starts `wisp serve` on `repo`; returns (process, log file, urls) once it is ready."""
     binary = os.environ.get("WISP_BIN", os.path.join(ROOT, "target", "debug", "wisp"))
     port = free_port()
     grpc_port = free_port()
-    log = open(os.path.join(ROOT, "target", f"conformance-{request.param}.log"), "w")
+    log = open(os.path.join(ROOT, "target", log_name), "w")
     proc = subprocess.Popen(
-        [binary, "serve", "--model-repository", os.path.join(ROOT, "tests", "fixtures", "repo"),
-         "--http-address", "127.0.0.1", "--http-port", str(port), "--metrics-port", str(free_port()), "--grpc-port", str(grpc_port), "--onnx-engine", request.param],
+        [binary, "serve", "--model-repository", str(repo),
+         "--http-address", "127.0.0.1", "--http-port", str(port), "--metrics-port", str(free_port()), "--grpc-port", str(grpc_port), "--onnx-engine", engine, *extra_args],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"127.0.0.1:{port}"
@@ -42,7 +42,11 @@ def server(request):
             proc.kill()
             raise RuntimeError(f"wisp did not become ready; see {log.name}")
         time.sleep(0.1)
-    yield {"url": url, "grpc_url": f"127.0.0.1:{grpc_port}", "engine": request.param}
+    return proc, log, {"url": url, "grpc_url": f"127.0.0.1:{grpc_port}", "engine": engine}
+
+
+def stop_wisp(proc, log):
+    """SIGTERM, and the clean exit it must give."""
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout=30)
@@ -51,3 +55,11 @@ def server(request):
             proc.kill()
         log.close()
     assert code == 0, f"wisp exited with {code} on SIGTERM"
+
+
+@pytest.fixture(scope="session", params=["tract", "onnxruntime"])
+def server(request):
+    repo = os.path.join(ROOT, "tests", "fixtures", "repo")
+    proc, log, urls = start_wisp(repo, request.param, f"conformance-{request.param}.log")
+    yield urls
+    stop_wisp(proc, log)

@@ -37,7 +37,7 @@ use wisp_backend_onnx::{find_onnxruntime, EngineChoice, OnnxBackend, ProcessEnv}
 use wisp_core::backend::Backend;
 use wisp_core::repository::ModelDir;
 use wisp_core::{DataType, InferRequest, Tensor};
-use wisp_server::registry::{model_file, prepare_config};
+use wisp_server::models::{model_file, prepare_config};
 use wisp_server::settings::{OnnxEngine, Settings};
 use wisp_server::Server;
 use wisp_tests::{binary_request, bytes_element, f32_bytes, workspace_root, Client};

@@ -24,6 +24,11 @@ pub trait LoadedModel: Send + Sync {
     fn engine(&self) -> &str;
     /// Creates instance number `index` (each instance owns its own session/state).
     fn new_instance(&self, index: usize) -> Result<Box<dyn Instance>>;
+    /// Labels for outputs whose config names no `label_filename`, found by the backend: an
+    /// ensemble takes them from the composing model that produces each output.
+    fn output_labels(&self) -> Vec<(String, std::sync::Arc<Vec<String>>)> {
+        Vec::new()
+    }
 }
 
 /// One model instance: executes batches on the thread that owns it.

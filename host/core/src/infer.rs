@@ -22,6 +22,76 @@ pub struct InferRequest {
     /// Priority and queue timeout, typed: set from `parameters` by
     /// [`Scheduling::from_parameters`] where a request enters the server.
     pub scheduling: Scheduling,
+    /// Its place in a sequence (a stateful model's), typed: set from `parameters` by
+    /// [`SequenceFlags::from_parameters`] where a request enters the server.
+    pub sequence: Option<SequenceFlags>,
+}
+
+/// A sequence's correlation ID: Triton's `sequence_id`, an unsigned integer or a string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CorrelationId {
+    /// A non-zero integer.
+    Number(u64),
+    /// A non-empty string.
+    Text(String),
+}
+
+impl std::fmt::Display for CorrelationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CorrelationId::Number(n) => write!(f, "{n}"),
+            CorrelationId::Text(s) => write!(f, "'{s}'"),
+        }
+    }
+}
+
+/// Triton's `sequence_id`, `sequence_start` and `sequence_end` request parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SequenceFlags {
+    /// The sequence.
+    pub id: CorrelationId,
+    /// The request starts it.
+    pub start: bool,
+    /// The request ends it.
+    pub end: bool,
+}
+
+/// The longest string correlation ID accepted.
+pub const MAX_CORRELATION_ID_BYTES: usize = 256;
+
+impl SequenceFlags {
+    /// Reads the sequence parameters; `None` when there is no `sequence_id` (or it is 0 or
+    /// empty, Triton's "no sequence"). A wrong type is an error naming the parameter.
+    pub fn from_parameters(parameters: &Parameters) -> Result<Option<Self>> {
+        let flag = |key: &str| match parameters.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(false),
+            Some(serde_json::Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(Error::invalid(format!(
+                "request parameter '{key}' must be a boolean, got {v}"
+            ))),
+        };
+        let (start, end) = (flag("sequence_start")?, flag("sequence_end")?);
+        let id = match parameters.get("sequence_id") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(s)) if s.len() > MAX_CORRELATION_ID_BYTES => {
+                return Err(Error::invalid(format!(
+                    "request parameter 'sequence_id' is longer than {MAX_CORRELATION_ID_BYTES} bytes"
+                )))
+            }
+            Some(serde_json::Value::String(s)) => {
+                (!s.is_empty()).then(|| CorrelationId::Text(s.clone()))
+            }
+            Some(v) => match v.as_u64() {
+                Some(n) => (n != 0).then_some(CorrelationId::Number(n)),
+                None => {
+                    return Err(Error::invalid(format!(
+                        "request parameter 'sequence_id' must be a non-negative integer or a string, got {v}"
+                    )))
+                }
+            },
+        };
+        Ok(id.map(|id| SequenceFlags { id, start, end }))
+    }
 }
 
 /// What a client may ask of the scheduler for one request: Triton's `priority` and `timeout`

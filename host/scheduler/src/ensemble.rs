@@ -23,6 +23,8 @@ pub struct Plan {
     outputs: Vec<String>,
     /// Steps reading each ensemble tensor.
     consumers: HashMap<String, Vec<usize>>,
+    /// The step producing each step output.
+    producers: HashMap<String, usize>,
 }
 
 impl Plan {
@@ -41,12 +43,37 @@ impl Plan {
             )));
         }
         let consumers = wisp_core::config::ensemble::consumers(&steps);
+        let producers = steps
+            .iter()
+            .enumerate()
+            .flat_map(|(n, s)| s.outputs.iter().map(move |(_, t)| (t.clone(), n)))
+            .collect();
         Ok(Plan {
             name: name.to_string(),
             steps,
             outputs: outputs.to_vec(),
             consumers,
+            producers,
         })
+    }
+
+    /// Which steps the ensemble outputs `wanted` depend on (all of them when `wanted` is
+    /// empty): as in Triton, a step no requested output needs is not run.
+    pub fn needed(&self, wanted: &[String]) -> Vec<bool> {
+        if wanted.is_empty() {
+            return vec![true; self.steps.len()];
+        }
+        let mut needed = vec![false; self.steps.len()];
+        let mut tensors: Vec<&String> = wanted.iter().collect();
+        while let Some(t) = tensors.pop() {
+            if let Some(&n) = self.producers.get(t) {
+                if !needed[n] {
+                    needed[n] = true;
+                    tensors.extend(self.steps[n].inputs.iter().map(|(_, t)| t));
+                }
+            }
+        }
+        needed
     }
 
     /// The steps.
@@ -82,6 +109,10 @@ pub struct Run {
     outstanding: usize,
     done: bool,
     template: InferRequest,
+    /// Steps to run (the others feed no requested output).
+    needed: Vec<bool>,
+    /// The ensemble outputs to answer with, in plan order.
+    answer: Vec<String>,
 }
 
 impl Run {
@@ -93,7 +124,18 @@ impl Run {
         for t in std::mem::take(&mut template.inputs) {
             tensors.insert(t.name.clone(), t);
         }
-        template.requested_outputs.clear();
+        let wanted = std::mem::take(&mut template.requested_outputs);
+        let wanted: Vec<String> = wanted
+            .into_iter()
+            .filter(|o| plan.outputs.contains(o))
+            .collect();
+        let needed = plan.needed(&wanted);
+        let answer = plan
+            .outputs
+            .iter()
+            .filter(|o| wanted.is_empty() || wanted.contains(o))
+            .cloned()
+            .collect();
         let mut run = Run {
             plan,
             tensors,
@@ -101,6 +143,8 @@ impl Run {
             outstanding: 0,
             done: false,
             template,
+            needed,
+            answer,
         };
         let names: Vec<String> = run.tensors.keys().cloned().collect();
         let calls = run.release(&names);
@@ -156,7 +200,7 @@ impl Run {
                     .filter(|(_, t)| t == name)
                     .count();
                 self.missing[n] -= reads;
-                if self.missing[n] == 0 {
+                if self.missing[n] == 0 && self.needed[n] {
                     calls.push(self.call(n));
                 }
             }
@@ -186,8 +230,8 @@ impl Run {
             return Progress::Continue(calls);
         }
         self.done = true;
-        let mut outputs = Vec::with_capacity(self.plan.outputs.len());
-        for o in &self.plan.outputs {
+        let mut outputs = Vec::with_capacity(self.answer.len());
+        for o in &self.answer {
             match self.tensors.get(o) {
                 Some(t) => outputs.push(t.clone()),
                 None => {
@@ -244,17 +288,30 @@ mod tests {
     /// completing calls in reverse order of release (as an unordered scheduler might). Steps in
     /// `fail` return an error. Returns the response and the largest number of steps in flight.
     fn drive(plan: Plan, input: f32, fail: &[usize]) -> (Result<InferResponse>, usize) {
+        let (r, widest, _) = drive_wanting(plan, input, fail, &[]);
+        (r, widest)
+    }
+
+    /// As [`drive`], asking for the outputs `wanted` only; also returns the steps that ran.
+    fn drive_wanting(
+        plan: Plan,
+        input: f32,
+        fail: &[usize],
+        wanted: &[&str],
+    ) -> (Result<InferResponse>, usize, Vec<usize>) {
         let plan = Arc::new(plan);
         let req = InferRequest {
             inputs: vec![tensor("IN", input)],
+            requested_outputs: names(wanted),
             ..Default::default()
         };
+        let mut ran = Vec::new();
         let (mut run, mut progress) = Run::start(plan.clone(), req);
         let mut queue: Vec<StepCall> = Vec::new();
         let mut widest = 0;
         loop {
             match progress {
-                Progress::Done(r) => return (r, widest),
+                Progress::Done(r) => return (r, widest, ran),
                 Progress::Continue(calls) => queue.extend(calls),
             }
             widest = widest.max(queue.len());
@@ -262,6 +319,7 @@ mod tests {
                 .pop()
                 .expect("a run that is not done has calls in flight");
             let s = &plan.steps()[call.step];
+            ran.push(call.step);
             let result = if fail.contains(&call.step) {
                 Err(Error::unavailable("model is not ready"))
             } else {
@@ -276,6 +334,39 @@ mod tests {
             };
             progress = run.complete(call.step, result);
         }
+    }
+
+    #[test]
+    fn steps_no_requested_output_needs_do_not_run() {
+        // IN -> 0 -> a -> 1 -> OUT_A ; IN -> 2 -> OUT_B
+        let plan = || {
+            Plan::new(
+                "e",
+                &names(&["IN"]),
+                &names(&["OUT_A", "OUT_B"]),
+                vec![
+                    step("m0", &[("x", "IN")], &[("y", "a")]),
+                    step("m1", &[("x", "a")], &[("y", "OUT_A")]),
+                    step("m2", &[("x", "IN")], &[("y", "OUT_B")]),
+                ],
+            )
+            .unwrap()
+        };
+        let (r, _, mut ran) = drive_wanting(plan(), 1.0, &[], &["OUT_B"]);
+        let r = r.unwrap();
+        assert_eq!(r.outputs.len(), 1);
+        assert_eq!(
+            (r.outputs[0].name.as_str(), value(&r.outputs[0])),
+            ("OUT_B", 4.0)
+        );
+        assert_eq!(ran, [2]);
+        let (r, _, _) = drive_wanting(plan(), 1.0, &[], &["OUT_A"]);
+        assert_eq!(r.unwrap().outputs[0].name, "OUT_A");
+        let (r, _, _) = drive_wanting(plan(), 1.0, &[], &[]);
+        assert_eq!(r.unwrap().outputs.len(), 2);
+        (_, _, ran) = drive_wanting(plan(), 1.0, &[], &["OUT_A", "OUT_B"]);
+        ran.sort();
+        assert_eq!(ran, [0, 1, 2]);
     }
 
     #[test]

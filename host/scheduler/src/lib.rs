@@ -15,6 +15,7 @@
 
 pub mod ensemble;
 mod policy;
+pub mod sequence;
 mod stats;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -58,6 +59,8 @@ struct Job {
     enqueued: Instant,
     deadline: Option<Instant>,
     seq: u64,
+    /// The only instance that may run it (a sequence's instance).
+    affinity: Option<usize>,
 }
 
 #[derive(Default)]
@@ -162,7 +165,7 @@ impl Scheduler {
             let n = threads.len();
             let handle = std::thread::Builder::new()
                 .name(format!("wisp-{}-{n}", self.shared.model))
-                .spawn(move || run_instance(&shared, instance))
+                .spawn(move || run_instance(&shared, instance, n))
                 .map_err(|e| Error::internal(format!("cannot start instance thread: {e}")))?;
             threads.push(handle);
             self.instances.fetch_add(1, Ordering::SeqCst);
@@ -199,6 +202,17 @@ impl Scheduler {
     /// as REJECTED). The request's priority and queue timeout come from its typed
     /// [`InferRequest::scheduling`].
     pub fn enqueue(&self, request: InferRequest, respond: Responder) -> Result<()> {
+        self.enqueue_on(request, respond, None)
+    }
+
+    /// As [`Scheduler::enqueue`]; with `instance`, only that instance (in start order) runs the
+    /// request: a sequence stays on the instance that holds its slot.
+    pub fn enqueue_on(
+        &self,
+        request: InferRequest,
+        respond: Responder,
+        instance: Option<usize>,
+    ) -> Result<()> {
         let sh = &self.shared;
         let p = &sh.policy;
         let level = p.level_for(request.scheduling.priority);
@@ -238,6 +252,7 @@ impl Scheduler {
             enqueued: now,
             deadline: timeout.map(|t| now + t),
             seq,
+            affinity: instance,
         });
         drop(state);
         sh.ready.notify_all();
@@ -308,8 +323,8 @@ impl Shared {
         state.queued -= rejected.len();
     }
 
-    /// Decides what a free instance does next.
-    fn next(&self, state: &mut State, now: Instant) -> Next {
+    /// Decides what free instance number `me` does next.
+    fn next(&self, state: &mut State, now: Instant, me: usize) -> Next {
         let p = &self.policy;
         // (level, delayed?, index) of candidates in service order
         let order = state.levels.iter().enumerate().flat_map(|(l, lv)| {
@@ -331,6 +346,9 @@ impl Shared {
         let mut first_key = None;
         for (l, d, i) in order {
             let j = job(l, d, i);
+            if j.affinity.is_some_and(|a| a != me) {
+                continue;
+            }
             if !p.dynamic {
                 picked.push((l, d, i));
                 break;
@@ -449,7 +467,7 @@ impl Shared {
     }
 }
 
-fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>) {
+fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>, me: usize) {
     instance.on_thread_start();
     loop {
         let mut rejected = Vec::new();
@@ -465,7 +483,7 @@ fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>) {
                 if !rejected.is_empty() {
                     break None;
                 }
-                match shared.next(&mut state, now) {
+                match shared.next(&mut state, now, me) {
                     Next::Batch(b) => break Some(b),
                     Next::Exit => return,
                     Next::Wait(None) => {

@@ -65,6 +65,29 @@ impl Policy {
     /// Triton's semantics from the model config.
     pub fn from_config(cfg: &ModelConfig) -> Self {
         let max_batch_size = cfg.max_batch_size.max(0) as usize;
+        if let Ok(Some(seq)) = wisp_core::config::sequence::read(cfg) {
+            // Each sequence has one request in flight at a time, so a batch holds one request
+            // per sequence: the sequences of one instance batch together.
+            use wisp_core::config::sequence::Strategy;
+            let (preferred, delay, ordered) = match seq.strategy {
+                Strategy::Direct { max_queue_delay } => (Vec::new(), max_queue_delay, false),
+                Strategy::Oldest {
+                    preferred,
+                    max_queue_delay,
+                    preserve_ordering,
+                    ..
+                } => (preferred, max_queue_delay, preserve_ordering),
+            };
+            return Policy {
+                max_batch_size,
+                dynamic: max_batch_size > 0,
+                preferred,
+                max_queue_delay: delay,
+                preserve_ordering: ordered,
+                default_level: 1,
+                levels: vec![LevelPolicy::default()],
+            };
+        }
         match &cfg.dynamic_batching {
             None => Policy {
                 max_batch_size,

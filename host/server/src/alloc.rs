@@ -16,8 +16,10 @@ pub fn limit_arenas(env: &dyn EnvSource) -> Option<usize> {
     if env.var("MALLOC_ARENA_MAX").is_some() {
         return None;
     }
-    let cores = std::thread::available_parallelism().map_or(2, usize::from);
-    set_arena_max(cores.clamp(2, 64)).then_some(cores.clamp(2, 64))
+    let cap = std::thread::available_parallelism()
+        .map_or(2, usize::from)
+        .clamp(2, 64);
+    set_arena_max(cap).then_some(cap)
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -33,7 +33,8 @@ pub fn parse_cache_config(items: &[String]) -> Result<Option<usize>, String> {
     Ok(size)
 }
 
-/// The cache key of a request to `model`/`version`.
+/// The cache key of a request to `model`/`version`. The requested outputs are part of it: an
+/// ensemble leaves out the outputs (and steps) nobody asked for.
 pub fn key(model: &str, version: u64, req: &InferRequest) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     model.hash(&mut h);
@@ -46,6 +47,9 @@ pub fn key(model: &str, version: u64, req: &InferRequest) -> u64 {
         t.shape.hash(&mut h);
         t.data.hash(&mut h);
     }
+    let mut outputs: Vec<&String> = req.requested_outputs.iter().collect();
+    outputs.sort();
+    outputs.hash(&mut h);
     h.finish()
 }
 

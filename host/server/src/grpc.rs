@@ -67,7 +67,7 @@ pub async fn guard(
     let h = resp.headers_mut();
     let oversize = h.get("grpc-status").is_some_and(|v| v == "11")
         && h.get("grpc-message")
-            .is_some_and(|m| is_oversize(tonic::Code::OutOfRange, m.as_bytes()));
+            .is_some_and(|m| is_oversize(m.as_bytes()));
     if oversize {
         h.insert(
             "grpc-status",
@@ -77,22 +77,26 @@ pub async fn guard(
     resp
 }
 
-/// Whether tonic's message for `status` is its "message length too large" decode error.
-fn is_oversize(code: tonic::Code, message: &[u8]) -> bool {
-    code == tonic::Code::OutOfRange
-        && (message.windows(9).any(|w| w == b"too large")
-            || message.windows(11).any(|w| w == b"too%20large"))
+/// Whether an OUT_OF_RANGE message from tonic is its "message length too large" decode error
+/// (in a `grpc-message` header it is percent-encoded).
+fn is_oversize(message: &[u8]) -> bool {
+    message.windows(9).any(|w| w == b"too large")
+        || message.windows(11).any(|w| w == b"too%20large")
 }
 
 /// A `ModelStreamInfer` message that failed to decode: tonic's status, except that a message
 /// over `--grpc-max-message-size` is RESOURCE_EXHAUSTED.
 fn stream_decode_status(e: Status) -> Status {
-    if is_oversize(e.code(), e.message().as_bytes()) {
+    if e.code() == tonic::Code::OutOfRange && is_oversize(e.message().as_bytes()) {
         Status::resource_exhausted(e.message().to_string())
     } else {
         e
     }
 }
+
+/// Sequences of one stream whose last request is remembered for ordering, before finished ones
+/// are forgotten.
+const STREAM_SEQUENCES_KEPT: usize = 256;
 
 /// The service.
 pub struct GrpcService {
@@ -244,6 +248,7 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
             .collect(),
         // read from the parameters by the service
         scheduling: Default::default(),
+        sequence: None,
     };
     Ok(Decoded {
         request,
@@ -402,6 +407,9 @@ impl GrpcInferenceService for GrpcService {
         // its responses is slowed down by HTTP/2 flow control instead of buffered without limit.
         let in_flight = Arc::new(tokio::sync::Semaphore::new(self.stream_in_flight));
         tokio::spawn(async move {
+            // The requests of one sequence reach the model in stream order: each waits for the
+            // one before it (a sequence runs one request at a time anyway).
+            let mut sequences: HashMap<String, tokio::sync::oneshot::Receiver<()>> = HashMap::new();
             loop {
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
                     break;
@@ -419,8 +427,29 @@ impl GrpcInferenceService for GrpcService {
                     }
                 };
                 let (service, tx) = (service.clone(), tx.clone());
+                let (done, after) = match req.parameters.get("sequence_id") {
+                    Some(p) => {
+                        if sequences.len() >= STREAM_SEQUENCES_KEPT {
+                            sequences.retain(|_, rx| {
+                                rx.try_recv().is_err_and(|e| {
+                                    e == tokio::sync::oneshot::error::TryRecvError::Empty
+                                })
+                            });
+                        }
+                        let (done, next) = tokio::sync::oneshot::channel();
+                        (
+                            Some(done),
+                            sequences.insert(param_to_json(p).to_string(), next),
+                        )
+                    }
+                    None => (None, None),
+                };
                 tokio::spawn(async move {
                     let _permit = permit;
+                    if let Some(previous) = after {
+                        let _ = previous.await;
+                    }
+                    let _done = done;
                     let id = req.id.clone();
                     let msg = match infer(&service, req).await {
                         Ok(resp) => pb::ModelStreamInferResponse {
@@ -567,8 +596,22 @@ impl GrpcInferenceService for GrpcService {
         r: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let r = r.into_inner();
+        use pb::model_repository_parameter::ParameterChoice;
+        let dependents = match r
+            .parameters
+            .get("unload_dependents")
+            .and_then(|p| p.parameter_choice.as_ref())
+        {
+            None => false,
+            Some(ParameterChoice::BoolParam(b)) => *b,
+            Some(_) => {
+                return Err(status(Error::invalid(
+                    "parameter 'unload_dependents' must be a boolean",
+                )))
+            }
+        };
         self.service
-            .unload(&r.model_name, &r.repository_name)
+            .unload(&r.model_name, &r.repository_name, dependents)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))

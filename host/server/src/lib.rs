@@ -10,14 +10,12 @@ pub mod alloc;
 pub mod cache;
 pub mod cli;
 pub mod conn;
-pub mod ensemble;
 pub mod grpc;
 pub mod host_policy;
 pub mod http;
 pub mod logging;
 pub mod metrics;
-pub mod plugins;
-pub mod registry;
+pub mod models;
 pub mod restricted;
 pub mod service;
 pub mod settings;
@@ -33,7 +31,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use wisp_backend_onnx::{find_onnxruntime, EngineChoice, OnnxBackend};
 
-use registry::{LoadOptions, Registry};
+use models::{LoadOptions, Registry};
 use settings::{ControlMode, OnnxEngine, Settings};
 
 /// Every setting that needs parsing beyond clap's, parsed in one pass.
@@ -96,37 +94,19 @@ impl Resolved {
                 restricted::GRPC_HEADER_PREFIX,
             ),
         );
-        let tls_files = |cert: &Option<std::path::PathBuf>,
-                         key: &Option<std::path::PathBuf>,
-                         root: &Option<std::path::PathBuf>,
-                         mutual: bool| tls::TlsFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-            root: root.clone(),
-            mutual,
-        };
         let http_tls = if s.http_use_ssl {
-            let files = tls_files(
-                &s.http_server_cert,
-                &s.http_server_key,
-                &s.http_root_cert,
-                s.http_use_ssl_mutual,
-            );
             take(
                 &mut errors,
-                tls::acceptor(&files, "--http", &[b"h2", b"http/1.1"]),
+                tls::acceptor(&s.http_tls_files(), "--http", &[b"h2", b"http/1.1"]),
             )
         } else {
             None
         };
         let grpc_tls = if s.grpc_use_ssl {
-            let files = tls_files(
-                &s.grpc_server_cert,
-                &s.grpc_server_key,
-                &s.grpc_root_cert,
-                s.grpc_use_ssl_mutual,
-            );
-            take(&mut errors, tls::acceptor(&files, "--grpc", &[b"h2"]))
+            take(
+                &mut errors,
+                tls::acceptor(&s.grpc_tls_files(), "--grpc", &[b"h2"]),
+            )
         } else {
             None
         };
@@ -177,7 +157,7 @@ impl Server {
         let backend = OnnxBackend::new(choice, lib).map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(engine = backend.engine(), "ONNX engine selected");
         let plugin_failures = Arc::new(wisp_plugin_runtime::FailureCounts::default());
-        let caller = Arc::new(plugins::RegistryCaller::default());
+        let caller = Arc::new(models::caller::RegistryCaller::default());
         let wasm = wisp_plugin_runtime::WasmBackend::new(
             wisp_plugin_runtime::WasmOptions {
                 cache_dir: settings.wasm_cache(),
@@ -206,16 +186,16 @@ impl Server {
         let opts = LoadOptions {
             autocomplete: !settings.disable_auto_complete_config,
             threads: settings.model_load_thread_count,
-            metrics: metrics.clone(),
+            observers: metrics.clone().map(|m| m as Arc<dyn models::Observers>),
             host_policies: resolved.host_policies,
             verification,
         };
         let registry = Arc::new(Registry::new(
             settings.model_repositories.clone(),
-            Arc::new(plugins::Backends {
+            Arc::new(models::backends::Backends {
                 onnx: backend,
                 wasm,
-                ensemble: ensemble::EnsembleBackend::new(caller.clone()),
+                ensemble: models::ensemble::EnsembleBackend::new(caller.clone()),
             }),
             opts,
         ));

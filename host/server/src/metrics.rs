@@ -12,7 +12,7 @@ use metrics::{counter, gauge, histogram, with_local_recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use wisp_scheduler::{FailReason, Observer, RequestTiming};
 
-use crate::registry::{Registry, VersionState};
+use crate::models::{Registry, VersionState};
 
 /// Triton's default summary quantiles.
 pub const DEFAULT_QUANTILES: [f64; 5] = [0.5, 0.9, 0.95, 0.99, 0.999];
@@ -85,7 +85,7 @@ impl MetricsOptions {
 
 /// The server's metrics recorder.
 pub struct Metrics {
-    recorder: PrometheusRecorder,
+    recorder: Arc<PrometheusRecorder>,
     options: MetricsOptions,
     cpu: Mutex<Option<(u64, u64)>>,
     plugin_failures: Arc<wisp_plugin_runtime::FailureCounts>,
@@ -103,7 +103,8 @@ impl Metrics {
         let recorder = PrometheusBuilder::new()
             .set_quantiles(&options.quantiles)
             .map_err(|e| format!("metrics: {e}"))?
-            .build_recorder();
+            .build_recorder()
+            .into();
         let m = Arc::new(Metrics {
             recorder,
             options,
@@ -111,40 +112,13 @@ impl Metrics {
             plugin_failures,
             verify_failures,
         });
-        with_local_recorder(&m.recorder, describe);
+        with_local_recorder(&*m.recorder, describe);
         Ok(m)
-    }
-
-    /// A per-request observer feeding the latency summaries, when they are on.
-    pub fn observer(self: &Arc<Self>, model: &str, version: u64) -> Option<Observer> {
-        if !self.options.summary_latencies {
-            return None;
-        }
-        let me = self.clone();
-        let (model, version) = (model.to_string(), version.to_string());
-        Some(Arc::new(move |t: &RequestTiming| {
-            with_local_recorder(&me.recorder, || {
-                let l = [("model", model.clone()), ("version", version.clone())];
-                let us = |ns: u64| ns as f64 / 1000.0;
-                histogram!("nv_inference_request_summary_us", &l)
-                    .record(t.total.as_secs_f64() * 1e6);
-                if t.ok {
-                    histogram!("nv_inference_queue_summary_us", &l)
-                        .record(t.queue.as_secs_f64() * 1e6);
-                    histogram!("nv_inference_compute_input_summary_us", &l)
-                        .record(us(t.exec.input_ns));
-                    histogram!("nv_inference_compute_infer_summary_us", &l)
-                        .record(us(t.exec.infer_ns));
-                    histogram!("nv_inference_compute_output_summary_us", &l)
-                        .record(us(t.exec.output_ns));
-                }
-            })
-        }))
     }
 
     /// The Prometheus text for the current state of `registry`.
     pub fn render(&self, registry: &Registry) -> String {
-        with_local_recorder(&self.recorder, || {
+        with_local_recorder(&*self.recorder, || {
             for entry in registry.models().values() {
                 for state in entry.versions.values() {
                     let VersionState::Ready(m) = state else {
@@ -330,6 +304,35 @@ fn memory() -> Option<(u64, u64)> {
     let total = field("MemTotal:")?;
     let avail = field("MemAvailable:")?;
     Some((total, total.saturating_sub(avail)))
+}
+
+impl crate::models::Observers for Metrics {
+    /// A per-request observer feeding the latency summaries, when they are on.
+    fn observer(&self, model: &str, version: u64) -> Option<Observer> {
+        if !self.options.summary_latencies {
+            return None;
+        }
+        let recorder = self.recorder.clone();
+        let (model, version) = (model.to_string(), version.to_string());
+        Some(Arc::new(move |t: &RequestTiming| {
+            with_local_recorder(&*recorder, || {
+                let l = [("model", model.clone()), ("version", version.clone())];
+                let us = |ns: u64| ns as f64 / 1000.0;
+                histogram!("nv_inference_request_summary_us", &l)
+                    .record(t.total.as_secs_f64() * 1e6);
+                if t.ok {
+                    histogram!("nv_inference_queue_summary_us", &l)
+                        .record(t.queue.as_secs_f64() * 1e6);
+                    histogram!("nv_inference_compute_input_summary_us", &l)
+                        .record(us(t.exec.input_ns));
+                    histogram!("nv_inference_compute_infer_summary_us", &l)
+                        .record(us(t.exec.infer_ns));
+                    histogram!("nv_inference_compute_output_summary_us", &l)
+                        .record(us(t.exec.output_ns));
+                }
+            })
+        }))
+    }
 }
 
 #[cfg(test)]

@@ -350,6 +350,26 @@ fn process_env() -> Arc<dyn EnvSource> {
 }
 
 impl Settings {
+    /// The HTTP listener's TLS files (`--http-server-cert` …), whether or not TLS is on.
+    pub fn http_tls_files(&self) -> crate::tls::TlsFiles {
+        crate::tls::TlsFiles {
+            cert: self.http_server_cert.clone(),
+            key: self.http_server_key.clone(),
+            root: self.http_root_cert.clone(),
+            mutual: self.http_use_ssl_mutual,
+        }
+    }
+
+    /// The gRPC listener's TLS files (`--grpc-server-cert` …), whether or not TLS is on.
+    pub fn grpc_tls_files(&self) -> crate::tls::TlsFiles {
+        crate::tls::TlsFiles {
+            cert: self.grpc_server_cert.clone(),
+            key: self.grpc_server_key.clone(),
+            root: self.grpc_root_cert.clone(),
+            mutual: self.grpc_use_ssl_mutual,
+        }
+    }
+
     /// The plugin cache directory in effect (`None`: caching is off).
     pub fn wasm_cache(&self) -> Option<PathBuf> {
         if self.no_wasm_cache {

@@ -11,6 +11,7 @@
 
 pub mod ensemble;
 mod schema;
+pub mod sequence;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -72,6 +73,11 @@ pub mod bounds {
     pub const MAX_VERSIONS: u32 = 1024;
     /// `ensemble_scheduling.step` entries (the DAG check walks them recursively).
     pub const MAX_ENSEMBLE_STEPS: usize = 1024;
+    /// Live sequences of one model version (`sequence_batching`), and
+    /// `oldest.max_candidate_sequences`.
+    pub const MAX_SEQUENCES: usize = 1 << 16;
+    /// Bytes of one implicit state tensor of one sequence.
+    pub const MAX_STATE_BYTES: u64 = 64 << 20;
 }
 
 type Map = serde_json::Map<String, serde_json::Value>;
@@ -412,6 +418,7 @@ impl ModelConfig {
             .other
             .keys()
             .filter(|k| !(self.is_ensemble() && *k == "ensemble_scheduling"))
+            .filter(|k| *k != sequence::FIELD)
             .cloned()
             .collect();
         for (i, input) in self.input.iter().enumerate() {
@@ -493,10 +500,22 @@ pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo) {
             .map(|d| d.config_name().to_string())
             .unwrap_or_else(|| "TYPE_INVALID".into())
     };
+    // What the sequence batcher feeds and reads is not the client's to send or see.
+    let reserved: Vec<String> = match sequence::read(cfg) {
+        Ok(Some(seq)) => seq
+            .controls
+            .iter()
+            .map(|c| c.name.clone())
+            .chain(seq.states.iter().map(|s| s.input_name.clone()))
+            .chain(seq.states.iter().map(|s| s.output_name.clone()))
+            .collect(),
+        _ => Vec::new(),
+    };
     if cfg.input.is_empty() {
         cfg.input = io
             .inputs
             .iter()
+            .filter(|t| !reserved.contains(&t.name))
             .map(|t| ModelInput {
                 name: t.name.clone(),
                 data_type: type_of(t),
@@ -520,6 +539,7 @@ pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo) {
         cfg.output = io
             .outputs
             .iter()
+            .filter(|t| !reserved.contains(&t.name))
             .map(|t| ModelOutput {
                 name: t.name.clone(),
                 data_type: type_of(t),
@@ -680,6 +700,17 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
         for p in problems {
             err(ensemble::FIELD.into(), p);
         }
+    }
+    if let Err(problems) = sequence::read(cfg) {
+        for p in problems {
+            err(sequence::FIELD.into(), p);
+        }
+    }
+    if cfg.other.contains_key(sequence::FIELD) && ensemble {
+        err(
+            sequence::FIELD.into(),
+            "an ensemble passes its sequence flags to its steps; it has no sequence batcher of its own".into(),
+        );
     }
     if !(cfg.is_onnx() || wasm || ensemble) {
         let what = if cfg.platform.is_empty() && cfg.backend.is_empty() {

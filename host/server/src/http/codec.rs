@@ -114,6 +114,7 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
         parameters,
         // read from the parameters by the service
         scheduling: Default::default(),
+        sequence: None,
     };
     Ok(Decoded {
         request,

@@ -26,7 +26,7 @@ use wisp_core::config::config_to_json;
 use wisp_core::Error;
 
 use crate::metrics::Metrics;
-use crate::registry::Registry;
+use crate::models::Registry;
 use crate::service::control::LoadRequest;
 use crate::service::query::{Duration, TensorMetadata, VersionStats};
 use crate::service::Service;
@@ -482,13 +482,16 @@ async fn control(
         };
         app.service.load(model, load).await?;
     } else {
-        if params
-            .get("unload_dependents")
-            .is_some_and(|v| !v.is_boolean())
-        {
-            return Err(Error::invalid("parameter 'unload_dependents' must be a boolean").into());
-        }
-        app.service.unload(model, repository).await?;
+        let dependents = match params.get("unload_dependents") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(
+                    Error::invalid("parameter 'unload_dependents' must be a boolean").into(),
+                )
+            }
+        };
+        app.service.unload(model, repository, dependents).await?;
     }
     Ok(StatusCode::OK.into_response())
 }

@@ -56,13 +56,20 @@ impl Service {
             .map_err(|_| Error::internal("model load panicked"))?
     }
 
-    /// Unloads `model` (off the async workers).
-    pub async fn unload(&self, model: &str, repository: &str) -> Result<()> {
+    /// Unloads `model` (off the async workers); with `dependents`, also the models it composes
+    /// that nothing else loaded uses (Triton's `unload_dependents`).
+    pub async fn unload(&self, model: &str, repository: &str, dependents: bool) -> Result<()> {
         self.check_control(repository)?;
         let (registry, model) = (self.registry.clone(), model.to_string());
-        tokio::task::spawn_blocking(move || registry.unload(&model))
-            .await
-            .map_err(|_| Error::internal("model unload panicked"))?
+        tokio::task::spawn_blocking(move || {
+            if dependents {
+                registry.unload_with_dependents(&model)
+            } else {
+                registry.unload(&model)
+            }
+        })
+        .await
+        .map_err(|_| Error::internal("model unload panicked"))?
     }
 
     /// The log settings, after applying `update` (all or nothing) when it is not empty.

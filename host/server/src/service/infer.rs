@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use wisp_core::config::ModelConfig;
-use wisp_core::infer::Scheduling;
+use wisp_core::infer::{Scheduling, SequenceFlags};
 use wisp_core::tensor::encode_bytes_elements;
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
 use wisp_scheduler::FailReason;
 
 use super::Service;
-use crate::registry::ModelVersion;
+use crate::models::ModelVersion;
 
 /// The largest `classification` count a request may ask for (each class becomes a string).
 pub const MAX_CLASSIFICATION: u64 = 10_000;
@@ -64,8 +64,8 @@ impl Service {
         self.registry.get(model, version)
     }
 
-    /// Validates `decoded` against `m`'s signature, reads its scheduling parameters, runs it (through the response cache when
-    /// the model enables it) and selects its outputs. `received` is when the front end got the
+    /// Validates `decoded` against `m`'s signature, reads its scheduling parameters, runs it
+    /// (through the response cache when the model enables it) and selects its outputs. `received` is when the front end got the
     /// request: decode and validation failures are recorded with the time since then.
     pub async fn infer(
         &self,
@@ -76,6 +76,7 @@ impl Service {
         let checked = decoded.and_then(|mut d| {
             wisp_core::infer::validate(&d.request, &m.config)?;
             d.request.scheduling = Scheduling::from_parameters(&d.request.parameters)?;
+            d.request.sequence = SequenceFlags::from_parameters(&d.request.parameters)?;
             Ok(d)
         });
         let Decoded {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use crate::cache::ResponseCache;
 use crate::logging::LogControl;
-use crate::registry::Registry;
+use crate::models::Registry;
 use crate::settings::ControlMode;
 
 pub use infer::{Answer, Decoded, OutputSpec, MAX_CLASSIFICATION};
@@ -32,6 +32,7 @@ pub const EXTENSIONS: &[&str] = &[
     "model_configuration",
     "parameters",
     "schedule_policy",
+    "sequence",
     "statistics",
     "model_repository",
     "model_repository(unload_dependents)",

@@ -8,7 +8,7 @@ use wisp_core::{DataType, ErrorKind, Result};
 use wisp_scheduler::DurationStat;
 
 use super::{Service, EXTENSIONS};
-use crate::registry::{IndexEntry, ModelVersion, VersionState};
+use crate::models::{IndexEntry, ModelVersion, VersionState};
 
 /// Server metadata.
 pub struct ServerMetadata {

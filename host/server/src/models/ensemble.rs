@@ -18,7 +18,7 @@ use wisp_core::config::{ModelConfig, ModelIo};
 use wisp_core::{Error, InferRequest, InferResponse, Result};
 use wisp_scheduler::ensemble::{Plan, Progress, Run, Step};
 
-use crate::plugins::RegistryCaller;
+use super::caller::RegistryCaller;
 
 /// Loads ensembles (their composing models must already be loaded).
 pub struct EnsembleBackend {
@@ -32,12 +32,30 @@ impl EnsembleBackend {
     }
 }
 
-/// A tensor's datatype and dims (without the batch dim) as a config declares them.
+/// A tensor's datatype and dims (without the batch dim) as a config declares them, and whether
+/// the model that declares them batches.
 #[derive(Clone)]
 struct Spec {
     datatype: String,
     dims: Vec<i64>,
+    batching: bool,
     from: String,
+}
+
+impl Spec {
+    /// The full shape a request carries: `[-1, dims…]` for a batching model.
+    fn full_dims(&self) -> Vec<i64> {
+        let batch = self.batching.then_some(-1);
+        batch.into_iter().chain(self.dims.iter().copied()).collect()
+    }
+
+    /// Triton's rule: the dims match (`-1` matching anything), or the full shapes do, so that a
+    /// batching model's `[16]` meets a non-batching model's `[-1, 16]`: the same tensor, its
+    /// first dimension read as the batch on one side and as data on the other.
+    fn compatible(&self, other: &Spec) -> bool {
+        dims_compatible(&self.dims, &other.dims)
+            || dims_compatible(&self.full_dims(), &other.full_dims())
+    }
 }
 
 fn dims_compatible(a: &[i64], b: &[i64]) -> bool {
@@ -56,6 +74,7 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
                 Spec {
                     datatype: i.data_type.clone(),
                     dims: i.dims.clone(),
+                    batching: cfg.max_batch_size > 0,
                     from: format!("ensemble input '{}'", i.name),
                 },
             )
@@ -66,11 +85,15 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
         let version = s.version.map(|v| v.to_string());
         match caller.config(&s.model, version.as_deref()) {
             Ok(c) => {
-                if cfg.max_batch_size > 0 && c.max_batch_size < cfg.max_batch_size {
+                // A non-batching model takes whatever the ensemble's batch is, as data.
+                if c.max_batch_size != 0 && c.max_batch_size < cfg.max_batch_size {
                     errs.push(format!(
-                        "{}: the ensemble's max_batch_size is {} but the model's is {}",
+                        "{}: ensemble {} allows maximum batch size {}, but it contains model {} \
+                         which only allows maximum batch size to be {}",
                         s.label(n),
+                        cfg.name,
                         cfg.max_batch_size,
+                        s.model,
                         c.max_batch_size
                     ));
                 }
@@ -82,6 +105,7 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
                                 Spec {
                                     datatype: o.data_type.clone(),
                                     dims: o.dims.clone(),
+                                    batching: c.max_batch_size > 0,
                                     from: format!("{} output '{out}'", s.label(n)),
                                 },
                             );
@@ -131,7 +155,12 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
                     spec.from,
                     spec.datatype
                 ));
-            } else if !dims_compatible(&spec.dims, &i.dims) {
+            } else if !spec.compatible(&Spec {
+                datatype: i.data_type.clone(),
+                dims: i.dims.clone(),
+                batching: c.max_batch_size > 0,
+                from: String::new(),
+            }) {
                 errs.push(format!(
                     "{}: input '{input}' has dims {:?} but '{tensor}' ({}) has {:?}",
                     s.label(n),
@@ -149,7 +178,12 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
                     "ensemble output '{}' is {} but {} is {}",
                     o.name, o.data_type, spec.from, spec.datatype
                 ));
-            } else if !dims_compatible(&spec.dims, &o.dims) {
+            } else if !spec.compatible(&Spec {
+                datatype: o.data_type.clone(),
+                dims: o.dims.clone(),
+                batching: cfg.max_batch_size > 0,
+                from: String::new(),
+            }) {
                 errs.push(format!(
                     "ensemble output '{}' has dims {:?} but {} has {:?}",
                     o.name, o.dims, spec.from, spec.dims
@@ -185,21 +219,54 @@ impl Backend for EnsembleBackend {
         let plan = Plan::new(&config.name, &inputs, &outputs, steps)?;
         // Every input and output's data_type was validated with the config.
         check_types(config, plan.steps(), &self.caller)?;
+        let labels = producer_labels(plan.steps(), &outputs, &self.caller);
         Ok(Box::new(EnsembleModel {
             plan: Arc::new(plan),
             caller: self.caller.clone(),
+            labels,
         }))
     }
+}
+
+/// For each ensemble output, the labels of the composing model's output that produces it, as
+/// loaded now (a composing model reloaded with other labels is seen when the ensemble reloads).
+fn producer_labels(
+    steps: &[Step],
+    outputs: &[String],
+    caller: &RegistryCaller,
+) -> Vec<(String, Arc<Vec<String>>)> {
+    let mut found = Vec::new();
+    for output in outputs {
+        let producer = steps.iter().find_map(|s| {
+            let (out, _) = s.outputs.iter().find(|(_, tensor)| tensor == output)?;
+            Some((s, out))
+        });
+        let Some((step, out)) = producer else {
+            continue;
+        };
+        let version = step.version.map(|v| v.to_string());
+        if let Ok(m) = caller.version(&step.model, version.as_deref()) {
+            if let Some(labels) = m.labels.get(out) {
+                found.push((output.clone(), labels.clone()));
+            }
+        }
+    }
+    found
 }
 
 struct EnsembleModel {
     plan: Arc<Plan>,
     caller: Arc<RegistryCaller>,
+    labels: Vec<(String, Arc<Vec<String>>)>,
 }
 
 impl LoadedModel for EnsembleModel {
     fn engine(&self) -> &str {
         "ensemble"
+    }
+
+    fn output_labels(&self) -> Vec<(String, Arc<Vec<String>>)> {
+        self.labels.clone()
     }
 
     fn new_instance(&self, _index: usize) -> Result<Box<dyn Instance>> {

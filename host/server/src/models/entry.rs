@@ -1,0 +1,190 @@
+//! What a loaded model is: a version behind its scheduler, a model's versions, an index row.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use wisp_core::backend::LoadedModel;
+use wisp_core::config::ModelConfig;
+use wisp_core::{Error, InferRequest, InferResponse, Result};
+use wisp_scheduler::sequence::Sequencer;
+use wisp_scheduler::{ModelStats, Responder, Scheduler};
+
+/// One loaded, ready model version.
+pub struct ModelVersion {
+    /// Model name.
+    pub name: String,
+    /// Version number.
+    pub version: u64,
+    /// The normalized, auto-completed, validated config.
+    pub config: Arc<ModelConfig>,
+    /// Labels per output name (from `label_filename`).
+    pub labels: HashMap<String, Arc<Vec<String>>>,
+    /// The engine that runs it.
+    pub engine: String,
+    /// Seconds it took to load (and warm up).
+    pub load_secs: f64,
+    /// For an ensemble, the models its steps call, with the version each asks for (read from
+    /// the config once, at load).
+    pub composing: Vec<(String, Option<u64>)>,
+    pub(super) scheduler: Arc<Scheduler>,
+    /// The sequence batcher in front of the scheduler, for a stateful model.
+    pub(super) sequencer: Option<Arc<Sequencer>>,
+    pub(super) loaded: Arc<dyn LoadedModel>,
+}
+
+impl ModelVersion {
+    /// Runs one request through the scheduler and waits for its response without blocking the
+    /// async runtime.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.enqueue(
+            request,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )?;
+        rx.await.map_err(|_| {
+            Error::internal(format!(
+                "model '{}' dropped the request without answering",
+                self.name
+            ))
+        })?
+    }
+
+    /// Queues one request; `respond` is called once with its outcome.
+    pub fn submit(&self, request: InferRequest, respond: Responder) -> Result<()> {
+        self.enqueue(request, respond)
+    }
+
+    /// To the sequence batcher for a stateful model, else straight to the scheduler.
+    fn enqueue(&self, request: InferRequest, respond: Responder) -> Result<()> {
+        match &self.sequencer {
+            Some(s) => s.enqueue(request, respond),
+            None => self.scheduler.enqueue(request, respond),
+        }
+    }
+
+    /// Runs one request through the scheduler from a thread that may block (a plugin's
+    /// wasi-nn call), waiting at most until `deadline`.
+    pub fn infer_blocking(
+        &self,
+        request: InferRequest,
+        deadline: Instant,
+    ) -> Result<InferResponse> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.enqueue(
+            request,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )?;
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(r) => r,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::unavailable(format!(
+                "model '{}' did not answer before the caller's deadline",
+                self.name
+            ))),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::internal(format!(
+                "model '{}' dropped the request without answering",
+                self.name
+            ))),
+        }
+    }
+
+    /// The version's statistics.
+    pub fn stats(&self) -> &Arc<ModelStats> {
+        self.scheduler.stats()
+    }
+
+    /// Requests queued, not yet executing.
+    pub fn pending(&self) -> usize {
+        self.scheduler.pending()
+    }
+
+    /// Stops the scheduler after it drains its queue (blocking). Dropping the last reference
+    /// does the same.
+    pub(super) fn stop(&self) {
+        self.scheduler.stop();
+    }
+}
+
+/// A version's state.
+#[derive(Clone)]
+pub enum VersionState {
+    /// Serving.
+    Ready(Arc<ModelVersion>),
+    /// Failed to load, with the reason.
+    Unavailable(String),
+}
+
+/// A model and its versions.
+#[derive(Clone)]
+pub struct ModelEntry {
+    /// Model name.
+    pub name: String,
+    /// Versions selected by the version policy.
+    pub versions: BTreeMap<u64, VersionState>,
+    /// Why the whole model failed (bad config, no versions...), if it did.
+    pub error: Option<String>,
+}
+
+impl ModelEntry {
+    pub(super) fn broken(name: &str, reason: impl std::fmt::Display) -> Self {
+        ModelEntry {
+            name: name.to_string(),
+            versions: BTreeMap::new(),
+            error: Some(reason.to_string()),
+        }
+    }
+
+    /// The model is ready when it has at least one ready version and no model-level error.
+    pub fn is_ready(&self) -> bool {
+        self.error.is_none()
+            && self
+                .versions
+                .values()
+                .any(|v| matches!(v, VersionState::Ready(_)))
+    }
+
+    /// The models the ready versions of an ensemble compose (empty for other models).
+    pub fn composing(&self) -> std::collections::BTreeSet<String> {
+        self.versions
+            .values()
+            .filter_map(|v| match v {
+                VersionState::Ready(m) => Some(m.composing.iter().map(|(name, _)| name.clone())),
+                VersionState::Unavailable(_) => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// Why the model is not ready.
+    pub fn reason(&self) -> String {
+        if let Some(e) = &self.error {
+            return e.clone();
+        }
+        let reasons: Vec<String> = self
+            .versions
+            .iter()
+            .filter_map(|(v, s)| match s {
+                VersionState::Unavailable(r) => Some(format!("version {v}: {r}")),
+                VersionState::Ready(_) => None,
+            })
+            .collect();
+        reasons.join("; ")
+    }
+}
+
+/// One row of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Model name.
+    pub name: String,
+    /// Version, when the row is about one.
+    pub version: Option<u64>,
+    /// `READY`, `UNAVAILABLE`.
+    pub state: &'static str,
+    /// Why it is not ready (or why its last reload failed while it keeps serving).
+    pub reason: String,
+}

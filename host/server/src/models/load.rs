@@ -1,0 +1,398 @@
+//! Loading one model: its config prepared (read, auto-completed, validated, integrity-checked),
+//! then each selected version's instances created, warmed up and put behind a scheduler.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use wisp_core::backend::{Backend, Instance};
+use wisp_core::config::{self, ModelConfig};
+use wisp_core::repository::{self, ModelDir};
+use wisp_core::{Error, Result};
+use wisp_scheduler::sequence::Sequencer;
+use wisp_scheduler::{Observer, Policy, Scheduler};
+
+use super::entry::{ModelEntry, ModelVersion, VersionState};
+use super::warmup::warm_up;
+
+/// A source of per-request observers, one per model version (the metrics exporter is one).
+pub trait Observers: Send + Sync {
+    /// The observer for `model` version `version`, if it wants one.
+    fn observer(&self, model: &str, version: u64) -> Option<Observer>;
+}
+
+/// Options for loading.
+pub struct LoadOptions {
+    /// Fill missing config from the model file.
+    pub autocomplete: bool,
+    /// Parallel loads at start-up.
+    pub threads: usize,
+    /// Where per-request timings go (the Prometheus latency summaries), if anywhere.
+    pub observers: Option<Arc<dyn Observers>>,
+    /// `--host-policy` CPU sets for `instance_group.host_policy`.
+    pub host_policies: crate::host_policy::HostPolicies,
+    /// `--model-verify-key`: check signed manifests before loading a version.
+    pub verification: Option<crate::signing::Verification>,
+}
+
+/// Loads one model; failures are recorded in the entry, never returned. Failure reasons reach
+/// any client (the repository index, readiness errors), so paths in them are made relative to
+/// the repository.
+pub(super) fn load_model(
+    dir: &ModelDir,
+    backend: &dyn Backend,
+    opts: &LoadOptions,
+    config_json: Option<&str>,
+) -> ModelEntry {
+    let mut entry = load_model_inner(dir, backend, opts, config_json);
+    let Some(root) = dir.path.parent() else {
+        return entry;
+    };
+    let mut prefixes = vec![format!("{}/", root.display())];
+    if let Ok(real) = root.canonicalize() {
+        prefixes.push(format!("{}/", real.display()));
+    }
+    let scrub = |msg: &mut String| {
+        for p in &prefixes {
+            if msg.contains(p.as_str()) {
+                *msg = msg.replace(p.as_str(), "");
+            }
+        }
+    };
+    if let Some(e) = entry.error.as_mut() {
+        scrub(e);
+    }
+    for state in entry.versions.values_mut() {
+        if let VersionState::Unavailable(r) = state {
+            scrub(r);
+        }
+    }
+    entry
+}
+
+fn load_model_inner(
+    dir: &ModelDir,
+    backend: &dyn Backend,
+    opts: &LoadOptions,
+    config_json: Option<&str>,
+) -> ModelEntry {
+    let start = Instant::now();
+    let name = dir.name.as_str();
+    let (cfg, verified) = match prepare_config_from(
+        dir,
+        backend,
+        opts.autocomplete,
+        config_json,
+        opts.verification.as_ref(),
+    ) {
+        Ok((c, verified)) => (Arc::new(c), verified),
+        Err(e) => {
+            tracing::error!(model = name, error = %e, "model failed to load");
+            return ModelEntry::broken(name, e);
+        }
+    };
+    for field in cfg.unsupported_fields() {
+        tracing::warn!(
+            model = name,
+            field,
+            "config field is valid Triton but not supported by Wisp; ignored"
+        );
+    }
+    let mut labels = HashMap::new();
+    for o in cfg.output.iter().filter(|o| !o.label_filename.is_empty()) {
+        let path = repository::confine(&dir.path, &o.label_filename)
+            .map_err(|why| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why));
+        match path.and_then(|p| config::read_labels(&p)) {
+            Ok(l) => {
+                labels.insert(o.name.clone(), Arc::new(l));
+            }
+            Err(e) => {
+                return ModelEntry::broken(
+                    name,
+                    format!("cannot read labels file '{}': {e}", o.label_filename),
+                )
+            }
+        }
+    }
+    let policy = cfg.version_policy.clone().unwrap_or_default();
+    let selected = match repository::select_versions(&policy, &repository::versions(&dir.path)) {
+        Ok(v) if v.is_empty() => {
+            return ModelEntry::broken(
+                name,
+                format!("no version directory (e.g. '1/') in {}", dir.path.display()),
+            )
+        }
+        Ok(v) => v,
+        Err(e) => return ModelEntry::broken(name, e),
+    };
+    let mut versions = BTreeMap::new();
+    for v in selected {
+        let observer = opts.observers.as_ref().and_then(|o| o.observer(name, v));
+        // The signature is checked before anything reads the version's files (once: the
+        // version auto-complete read is checked already).
+        let checked = match opts.verification.as_ref().filter(|_| verified != Some(v)) {
+            Some(ver) => ver
+                .check(&dir.path, &dir.name, v)
+                .map_err(|why| Error::invalid(format!("integrity check failed: {why}"))),
+            None => Ok(()),
+        };
+        let loaded =
+            checked.and_then(|()| load_version(dir, v, &cfg, &labels, backend, observer, opts));
+        let state = match loaded {
+            Ok(m) => {
+                tracing::info!(
+                    model = name,
+                    version = v,
+                    engine = %m.engine,
+                    secs = start.elapsed().as_secs_f64(),
+                    "model version ready"
+                );
+                VersionState::Ready(Arc::new(m))
+            }
+            Err(e) => {
+                tracing::error!(model = name, version = v, error = %e, "model version failed to load");
+                VersionState::Unavailable(e.to_string())
+            }
+        };
+        versions.insert(v, state);
+    }
+    ModelEntry {
+        name: name.to_string(),
+        versions,
+        error: None,
+    }
+}
+
+/// Reads, normalizes, auto-completes and validates one model's config (what loading does before
+/// creating instances; the benchmark uses it to call a backend directly).
+pub fn prepare_config(
+    dir: &ModelDir,
+    backend: &dyn Backend,
+    autocomplete: bool,
+) -> Result<ModelConfig> {
+    prepare_config_from(dir, backend, autocomplete, None, None).map(|(cfg, _)| cfg)
+}
+
+/// As [`prepare_config`], from a load request's `config_json` when given; with `verification`,
+/// the version auto-complete reads is checked first, and returned so that it is not hashed
+/// twice.
+pub(super) fn prepare_config_from(
+    dir: &ModelDir,
+    backend: &dyn Backend,
+    autocomplete: bool,
+    config_json: Option<&str>,
+    verification: Option<&crate::signing::Verification>,
+) -> Result<(ModelConfig, Option<u64>)> {
+    let mut verified = None;
+    let name = dir.name.as_str();
+    let mut cfg = match config_json {
+        Some(json) => config::config_from_json(json)
+            .map_err(|e| e.context(format!("model '{name}': 'config' parameter")))?,
+        None => {
+            let path = dir.path.join("config.pbtxt");
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && autocomplete => String::new(),
+                Err(e) => {
+                    return Err(Error::invalid(format!(
+                        "cannot read {}: {e}",
+                        path.display()
+                    )))
+                }
+            };
+            config::parse_pbtxt(name, &text)?
+        }
+    };
+    config::normalize(&mut cfg, name, &dir.path);
+    // Before auto-complete opens the model file: it must be inside the model directory.
+    config::check_model_filename(&cfg.default_model_filename, &dir.path).map_err(|why| {
+        Error::invalid(format!(
+            "invalid config for model '{name}': default_model_filename: {why}"
+        ))
+    })?;
+    if autocomplete && cfg.is_onnx() {
+        let latest = repository::select_versions(
+            cfg.version_policy.as_ref().expect("normalized"),
+            &repository::versions(&dir.path),
+        )?;
+        if let Some(v) = latest.last() {
+            let file = model_file(&dir.path, *v, &cfg);
+            if let Some(ver) = verification {
+                // Auto-complete parses the model file: only once its signature checks out.
+                ver.check(&dir.path, &dir.name, *v).map_err(|why| {
+                    Error::invalid(format!("version {v}: integrity check failed: {why}"))
+                })?;
+                verified = Some(*v);
+            }
+            if file.is_file() {
+                let io = backend.describe(&file)?;
+                config::autocomplete(&mut cfg, &io);
+                config::normalize(&mut cfg, name, &dir.path);
+            }
+        }
+    }
+    config::validate(&cfg, name, &dir.path)?;
+    if config_json.is_some() && cfg.is_wasm() {
+        // A config from the network may narrow the repository's sandbox, never widen it.
+        let base = match std::fs::read_to_string(dir.path.join("config.pbtxt")) {
+            Ok(text) => config::parse_pbtxt(name, &text)?,
+            Err(_) => ModelConfig {
+                name: name.to_string(),
+                ..Default::default()
+            },
+        };
+        wisp_plugin_runtime::limits::check_override_narrows(&base, &cfg, &dir.path)?;
+    }
+    Ok((cfg, verified))
+}
+
+/// Whether a model directory holds an ensemble (judged from its config text).
+pub(super) fn is_ensemble_dir(dir: &ModelDir) -> bool {
+    read_config(dir).is_ok_and(|c| c.is_ensemble())
+}
+
+/// A model directory's `config.pbtxt`, parsed (not normalized or validated).
+pub(super) fn read_config(dir: &ModelDir) -> Result<ModelConfig> {
+    let path = dir.path.join("config.pbtxt");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::invalid(format!("cannot read {}: {e}", path.display())))?;
+    Ok(config::parse_pbtxt(&dir.name, &text)?)
+}
+
+/// The model file of `version`.
+pub fn model_file(model_dir: &Path, version: u64, cfg: &ModelConfig) -> std::path::PathBuf {
+    model_dir
+        .join(version.to_string())
+        .join(&cfg.default_model_filename)
+}
+
+fn load_version(
+    dir: &ModelDir,
+    version: u64,
+    cfg: &Arc<ModelConfig>,
+    labels: &HashMap<String, Arc<Vec<String>>>,
+    backend: &dyn Backend,
+    observer: Option<Observer>,
+    opts: &LoadOptions,
+) -> Result<ModelVersion> {
+    let start = Instant::now();
+    let file = model_file(&dir.path, version, cfg);
+    if !cfg.is_ensemble() {
+        repository::confine(
+            &dir.path.join(version.to_string()),
+            &cfg.default_model_filename,
+        )
+        .map_err(|why| Error::invalid(format!("default_model_filename: {why}")))?;
+    }
+    if !cfg.is_ensemble() && !file.is_file() {
+        return Err(Error::not_found(format!(
+            "model file {} not found",
+            file.display()
+        )));
+    }
+    let sequencing = config::sequence::read(cfg).map_err(|errs| {
+        Error::invalid(format!("{}: {}", config::sequence::FIELD, errs.join("; ")))
+    })?;
+    let loaded = match &sequencing {
+        // The backend also sees the inputs and outputs the sequence batcher feeds and reads.
+        Some(seq) => backend.load(&with_sequence_io(cfg, seq), &file)?,
+        None => backend.load(cfg, &file)?,
+    };
+    let mut labels = labels.clone();
+    for (output, found) in loaded.output_labels() {
+        labels.entry(output).or_insert(found);
+    }
+    let cores = instance_cores(cfg, &opts.host_policies)?;
+    let mut instances = (0..cfg.instance_count())
+        .map(|i| loaded.new_instance(i).map(|inst| pin(inst, cores[i])))
+        .collect::<Result<Vec<_>>>()?;
+    warm_up(&dir.path, cfg, &mut instances)?;
+    let scheduler = Arc::new(Scheduler::start(
+        &dir.name,
+        Policy::from_config(cfg),
+        instances,
+        observer,
+    )?);
+    let sequencer = sequencing.map(|seq| {
+        Sequencer::new(
+            &dir.name,
+            seq,
+            cfg.max_batch_size,
+            cfg.output.iter().map(|o| o.name.clone()).collect(),
+            &scheduler,
+            cfg.instance_count(),
+        )
+    });
+    let engine = loaded.engine().to_string();
+    let composing = wisp_core::config::ensemble::steps(cfg)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.model, s.version))
+        .collect();
+    Ok(ModelVersion {
+        composing,
+        loaded: Arc::from(loaded),
+        name: dir.name.clone(),
+        version,
+        config: cfg.clone(),
+        labels,
+        engine,
+        load_secs: start.elapsed().as_secs_f64(),
+        scheduler,
+        sequencer,
+    })
+}
+
+/// `cfg` with the sequence batcher's control and state inputs, and its state outputs, listed
+/// as the backend needs them (the config clients see does not list them, as in Triton).
+fn with_sequence_io(cfg: &ModelConfig, seq: &config::sequence::SequenceBatching) -> ModelConfig {
+    let mut full = cfg.clone();
+    for c in &seq.controls {
+        full.input.push(config::ModelInput {
+            name: c.name.clone(),
+            data_type: c.datatype.config_name().to_string(),
+            dims: vec![1],
+            ..Default::default()
+        });
+    }
+    for s in &seq.states {
+        full.input.push(config::ModelInput {
+            name: s.input_name.clone(),
+            data_type: s.datatype.config_name().to_string(),
+            dims: s.dims.clone(),
+            ..Default::default()
+        });
+        if !full.output.iter().any(|o| o.name == s.output_name) {
+            full.output.push(config::ModelOutput {
+                name: s.output_name.clone(),
+                data_type: s.datatype.config_name().to_string(),
+                dims: s.dims.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    full
+}
+
+/// The core each instance (in group order) is pinned to, from its group's `host_policy`.
+pub(super) fn instance_cores(
+    cfg: &ModelConfig,
+    policies: &crate::host_policy::HostPolicies,
+) -> Result<Vec<Option<usize>>> {
+    let mut out = Vec::new();
+    for g in &cfg.instance_group {
+        let cores = policies.cores(&g.host_policy)?;
+        for k in 0..g.count.max(0) as usize {
+            out.push(cores.map(|c| c[k % c.len()]));
+        }
+    }
+    Ok(out)
+}
+
+pub(super) fn pin(instance: Box<dyn Instance>, core: Option<usize>) -> Box<dyn Instance> {
+    match core {
+        Some(c) => Box::new(crate::host_policy::Pinned::new(instance, c)),
+        None => instance,
+    }
+}

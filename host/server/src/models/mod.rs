@@ -1,0 +1,516 @@
+//! Model lifecycle: every model of the repositories is loaded at start-up (in parallel), each
+//! version behind its own scheduler. A broken model or version is kept as UNAVAILABLE with its
+//! reason and never stops the others from loading.
+//!
+//! - [`entry`]: what a loaded model is ([`ModelVersion`], [`ModelEntry`]);
+//! - [`load`]: preparing a config and loading one model's versions;
+//! - `resize`: growing or shrinking an instance pool in place;
+//! - [`warmup`]: `model_warmup` samples;
+//! - [`fingerprint`]: what poll mode compares;
+//! - [`backends`], [`ensemble`], [`caller`]: the backend the registry loads with, and the way
+//!   plugins and ensemble steps call models back through it.
+//!
+//! Nothing here knows about HTTP, gRPC or the Prometheus exporter: per-request observers come in
+//! through [`Observers`].
+
+pub mod backends;
+pub mod caller;
+pub mod ensemble;
+pub mod entry;
+pub mod fingerprint;
+pub mod load;
+mod resize;
+#[cfg(test)]
+mod tests;
+pub mod warmup;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use wisp_core::backend::Backend;
+use wisp_core::repository::{self, ModelDir};
+use wisp_core::{Error, Result};
+
+pub use entry::{IndexEntry, ModelEntry, ModelVersion, VersionState};
+pub use fingerprint::fingerprint;
+pub use load::{model_file, prepare_config, LoadOptions, Observers};
+
+use fingerprint::fingerprint_files;
+use load::{is_ensemble_dir, load_model};
+
+/// Most levels of ensembles inside ensembles that loading or a readiness check follows.
+const MAX_ENSEMBLE_DEPTH: usize = 16;
+
+/// What the registry keeps for one model name besides its entry, created on first use.
+#[derive(Default)]
+struct Slot {
+    /// Serializes load, reload and unload of the model.
+    lifecycle: Mutex<()>,
+    /// Bookkeeping that poll and the index read without waiting for a load in progress.
+    marks: Mutex<Marks>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Marks {
+    /// Why the last reload of a still-serving model failed.
+    reload_error: Option<String>,
+    /// The repository fingerprint at the last load attempt (poll mode).
+    fingerprint: Option<u64>,
+    /// The same without `config.pbtxt`: unchanged model files allow an in-place resize.
+    files: Option<u64>,
+}
+
+/// All models of the server. Loaded models live in a map of immutable entries; a load builds a
+/// new entry beside the old one and swaps it in atomically, so requests in flight keep the old
+/// version alive (through its `Arc`) until they finish, and it is dropped — its scheduler
+/// drained, its memory returned — when the last of them completes.
+pub struct Registry {
+    roots: Vec<std::path::PathBuf>,
+    backend: Arc<dyn Backend>,
+    opts: LoadOptions,
+    models: RwLock<BTreeMap<String, Arc<ModelEntry>>>,
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
+}
+
+impl Registry {
+    /// An empty registry over `roots`.
+    pub fn new(
+        roots: Vec<std::path::PathBuf>,
+        backend: Arc<dyn Backend>,
+        opts: LoadOptions,
+    ) -> Self {
+        Registry {
+            roots,
+            backend,
+            opts,
+            models: RwLock::new(BTreeMap::new()),
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn slot(&self, name: &str) -> Arc<Slot> {
+        self.slots
+            .lock()
+            .expect("slots")
+            .entry(name.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// A copy of `name`'s bookkeeping (empty for a model never loaded).
+    fn marks(&self, name: &str) -> Marks {
+        let slot = self.slots.lock().expect("slots").get(name).cloned();
+        slot.map(|s| s.marks.lock().expect("marks").clone())
+            .unwrap_or_default()
+    }
+
+    /// Loads the named models (all when `names` is `None`), in parallel (blocking).
+    pub fn load_initial(&self, names: Option<&[String]>) -> Result<()> {
+        let scan = repository::scan(&self.roots)?;
+        {
+            let mut models = self.models.write().expect("registry lock");
+            for (n, e) in scan.broken {
+                models.insert(n.clone(), Arc::new(ModelEntry::broken(&n, e)));
+            }
+        }
+        let wanted: Vec<ModelDir> = match names {
+            None => scan.models,
+            Some(list) if list.iter().any(|n| n == "*") => scan.models,
+            Some(list) => {
+                for n in list {
+                    if !scan.models.iter().any(|m| &m.name == n) {
+                        return Err(Error::not_found(format!(
+                            "--load-model {n}: no such model in the repositories"
+                        )));
+                    }
+                }
+                scan.models
+                    .into_iter()
+                    .filter(|m| list.contains(&m.name))
+                    .collect()
+            }
+        };
+        self.load_dirs(wanted);
+        Ok(())
+    }
+
+    /// Loads `dirs`: plain models in parallel, then ensembles, each after the models it
+    /// composes (loading an ensemble loads what it composes first), whatever the directory
+    /// order.
+    fn load_dirs(&self, dirs: Vec<ModelDir>) {
+        let (ensembles, models): (Vec<ModelDir>, Vec<ModelDir>) =
+            dirs.into_iter().partition(is_ensemble_dir);
+        let queue = Mutex::new(models);
+        std::thread::scope(|s| {
+            for _ in 0..self.opts.threads.max(1) {
+                s.spawn(|| loop {
+                    let Some(dir) = queue.lock().expect("load queue").pop() else {
+                        return;
+                    };
+                    let _ = self.load_dir(&dir, None, 0);
+                });
+            }
+        });
+        for dir in ensembles {
+            // Already loaded from these files, as what an earlier ensemble composes.
+            let current = self.marks(&dir.name).fingerprint == Some(fingerprint(&dir.path));
+            if !(current
+                && self
+                    .models
+                    .read()
+                    .expect("registry lock")
+                    .contains_key(&dir.name))
+            {
+                let _ = self.load_dir(&dir, None, 0);
+            }
+        }
+    }
+
+    fn find_dir(&self, name: &str) -> Result<ModelDir> {
+        let scan = repository::scan(&self.roots)?;
+        if let Some((_, e)) = scan.broken.into_iter().find(|(n, _)| n == name) {
+            return Err(e);
+        }
+        scan.models
+            .into_iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| {
+                Error::not_found(format!(
+                    "unknown model: '{name}' is not in the model repositories"
+                ))
+            })
+    }
+
+    /// Loads, or reloads, a model (blocking). `config_json` replaces its `config.pbtxt` (Triton's
+    /// `config` load parameter). An ensemble's composing models that are not loaded are loaded
+    /// first, as Triton does. On failure a model that was serving keeps serving, and the reason
+    /// is reported by [`Registry::index`].
+    pub fn load(&self, name: &str, config_json: Option<&str>) -> Result<()> {
+        let dir = self.find_dir(name)?;
+        self.load_dir(&dir, config_json, 0)
+    }
+
+    /// Loads every composing model of the ensemble `dir` that is not loaded yet.
+    fn load_composing(&self, dir: &ModelDir, config_json: Option<&str>, depth: usize) {
+        let cfg = match config_json {
+            Some(json) => wisp_core::config::config_from_json(json).ok(),
+            None => load::read_config(dir).ok(),
+        };
+        let Some(steps) = cfg
+            .filter(|c| c.is_ensemble())
+            .and_then(|c| wisp_core::config::ensemble::steps(&c).ok())
+        else {
+            return;
+        };
+        for step in steps {
+            let loaded = self
+                .models
+                .read()
+                .expect("registry lock")
+                .contains_key(&step.model);
+            if !loaded && step.model != dir.name {
+                if let Ok(d) = self.find_dir(&step.model) {
+                    let _ = self.load_dir(&d, None, depth + 1);
+                }
+            }
+        }
+    }
+
+    fn load_dir(&self, dir: &ModelDir, config_json: Option<&str>, depth: usize) -> Result<()> {
+        if depth > MAX_ENSEMBLE_DEPTH {
+            return Err(Error::invalid(format!(
+                "failed to load '{}': ensembles nest deeper than {MAX_ENSEMBLE_DEPTH} levels",
+                dir.name
+            )));
+        }
+        self.load_composing(dir, config_json, depth);
+        let slot = self.slot(&dir.name);
+        let _guard = slot.lifecycle.lock().expect("model lock");
+        let files = fingerprint_files(&dir.path);
+        let old_files = {
+            let mut marks = slot.marks.lock().expect("marks");
+            marks.fingerprint = Some(fingerprint(&dir.path));
+            marks.files.replace(files)
+        };
+        if old_files == Some(files) {
+            if let Some(done) = self.try_resize(dir, config_json) {
+                return done;
+            }
+        }
+        let entry = load_model(dir, self.backend.as_ref(), &self.opts, config_json);
+        let mut models = self.models.write().expect("registry lock");
+        let old_ready = models.get(&dir.name).is_some_and(|e| e.is_ready());
+        if entry.is_ready() || !old_ready {
+            let err = (!entry.is_ready()).then(|| entry.reason());
+            models.insert(dir.name.clone(), Arc::new(entry));
+            drop(models);
+            slot.marks.lock().expect("marks").reload_error = None;
+            match err {
+                None => Ok(()),
+                Some(e) => Err(Error::invalid(format!(
+                    "failed to load '{}': {e}",
+                    dir.name
+                ))),
+            }
+        } else {
+            drop(models);
+            let reason = format!(
+                "reload failed, previous version still serving: {}",
+                entry.reason()
+            );
+            tracing::error!(model = %dir.name, %reason, "model reload failed");
+            slot.marks.lock().expect("marks").reload_error = Some(reason.clone());
+            Err(Error::invalid(format!(
+                "failed to load '{}': {reason}",
+                dir.name
+            )))
+        }
+    }
+
+    /// Unloads a model: it stops taking requests at once; those already accepted finish.
+    pub fn unload(&self, name: &str) -> Result<()> {
+        let slot = self.slot(name);
+        let _guard = slot.lifecycle.lock().expect("model lock");
+        let removed = self.models.write().expect("registry lock").remove(name);
+        *slot.marks.lock().expect("marks") = Marks::default();
+        match removed {
+            Some(_) => {
+                tracing::info!(model = name, "model unloaded");
+                Ok(())
+            }
+            None => {
+                self.find_dir(name)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Unloads `name` and then, as Triton's `unload_dependents` does, each model it composes
+    /// (recursively) that no model still loaded composes.
+    pub fn unload_with_dependents(&self, name: &str) -> Result<()> {
+        self.unload_dependents_depth(name, 0)
+    }
+
+    fn unload_dependents_depth(&self, name: &str, depth: usize) -> Result<()> {
+        let composing: Vec<String> = self
+            .entry(name)
+            .map(|e| e.composing().into_iter().collect())
+            .unwrap_or_default();
+        self.unload(name)?;
+        if depth >= MAX_ENSEMBLE_DEPTH {
+            return Ok(());
+        }
+        for model in composing {
+            let still_used = self
+                .models()
+                .values()
+                .any(|e| e.composing().contains(&model));
+            if !still_used {
+                self.unload_dependents_depth(&model, depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Poll mode: loads new models, reloads changed ones, unloads removed ones. One model's
+    /// failure never stops the others (blocking).
+    pub fn poll(&self) {
+        let scan = match repository::scan(&self.roots) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "repository poll failed");
+                return;
+            }
+        };
+        let loaded: Vec<String> = self
+            .models
+            .read()
+            .expect("registry lock")
+            .keys()
+            .cloned()
+            .collect();
+        for name in loaded {
+            if !scan.models.iter().any(|m| m.name == name)
+                && !scan.broken.iter().any(|(n, _)| *n == name)
+            {
+                let _ = self.unload(&name);
+            }
+        }
+        let changed: Vec<ModelDir> = scan
+            .models
+            .into_iter()
+            .filter(|dir| self.marks(&dir.name).fingerprint != Some(fingerprint(&dir.path)))
+            .inspect(|dir| {
+                tracing::info!(model = %dir.name, "repository change detected; loading");
+            })
+            .collect();
+        self.load_dirs(changed);
+    }
+
+    /// The repository index: every model of the repositories, loaded or not.
+    pub fn index(&self, ready_only: bool) -> Result<Vec<IndexEntry>> {
+        let scan = repository::scan(&self.roots)?;
+        let models = self.models.read().expect("registry lock");
+        let mut names: Vec<String> = scan.models.iter().map(|m| m.name.clone()).collect();
+        names.extend(scan.broken.iter().map(|(n, _)| n.clone()));
+        names.extend(models.keys().cloned());
+        names.sort();
+        names.dedup();
+        let mut out = Vec::new();
+        for name in names {
+            let Some(entry) = models.get(&name) else {
+                if !ready_only {
+                    out.push(IndexEntry {
+                        name,
+                        version: None,
+                        state: "UNAVAILABLE",
+                        reason: "unloaded".into(),
+                    });
+                }
+                continue;
+            };
+            if let Some(e) = &entry.error {
+                if !ready_only {
+                    out.push(IndexEntry {
+                        name,
+                        version: None,
+                        state: "UNAVAILABLE",
+                        reason: e.clone(),
+                    });
+                }
+                continue;
+            }
+            for (v, state) in &entry.versions {
+                let (st, reason) = match state {
+                    VersionState::Ready(_) => {
+                        ("READY", self.marks(&name).reload_error.unwrap_or_default())
+                    }
+                    VersionState::Unavailable(r) => ("UNAVAILABLE", r.clone()),
+                };
+                if ready_only && st != "READY" {
+                    continue;
+                }
+                out.push(IndexEntry {
+                    name: name.clone(),
+                    version: Some(*v),
+                    state: st,
+                    reason,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// A snapshot of every loaded (or failed) model, by name.
+    pub fn models(&self) -> BTreeMap<String, Arc<ModelEntry>> {
+        self.models.read().expect("registry lock").clone()
+    }
+
+    /// Whether every model is ready.
+    pub fn all_ready(&self) -> bool {
+        self.models
+            .read()
+            .expect("registry lock")
+            .values()
+            .all(|e| e.is_ready())
+    }
+
+    /// The model entry, or NOT_FOUND.
+    pub fn entry(&self, name: &str) -> Result<Arc<ModelEntry>> {
+        self.models
+            .read()
+            .expect("registry lock")
+            .get(name)
+            .cloned()
+            .ok_or_else(|| {
+                Error::not_found(format!("Request for unknown model: '{name}' is not found"))
+            })
+    }
+
+    /// The ready version to serve: `version` if given, else the highest ready one.
+    pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelVersion>> {
+        let entry = self.entry(name)?;
+        if let Some(e) = &entry.error {
+            return Err(Error::unavailable(format!(
+                "model '{name}' is not ready: {e}"
+            )));
+        }
+        match version.filter(|v| !v.is_empty()) {
+            Some(v) => {
+                let n: u64 = v.parse().map_err(|_| {
+                    Error::invalid(format!(
+                        "version '{v}' of model '{name}' is not a non-negative integer"
+                    ))
+                })?;
+                match entry.versions.get(&n) {
+                    Some(VersionState::Ready(m)) => Ok(m.clone()),
+                    Some(VersionState::Unavailable(r)) => Err(Error::unavailable(format!(
+                        "version {n} of model '{name}' is not ready: {r}"
+                    ))),
+                    None => Err(Error::not_found(format!(
+                        "Request for unknown model: '{name}' version {n} is not found (served: {})",
+                        versions_list(&entry)
+                    ))),
+                }
+            }
+            None => entry
+                .versions
+                .values()
+                .rev()
+                .find_map(|s| match s {
+                    VersionState::Ready(m) => Some(m.clone()),
+                    VersionState::Unavailable(_) => None,
+                })
+                .ok_or_else(|| {
+                    Error::unavailable(format!(
+                        "model '{name}' has no ready version: {}",
+                        entry.reason()
+                    ))
+                }),
+        }
+    }
+
+    /// Whether `name` (at `version`) can answer now: it is ready and, for an ensemble, so is
+    /// every model its steps use (recursively). The error says which one is not.
+    pub fn check_ready(&self, name: &str, version: Option<&str>) -> Result<()> {
+        self.check_ready_depth(name, version, 0)
+    }
+
+    fn check_ready_depth(&self, name: &str, version: Option<&str>, depth: usize) -> Result<()> {
+        let m = self.get(name, version)?;
+        if !m.config.is_ensemble() || depth > MAX_ENSEMBLE_DEPTH {
+            return Ok(());
+        }
+        for (i, (model, version)) in m.composing.iter().enumerate() {
+            let v = version.map(|v| v.to_string());
+            self.check_ready_depth(model, v.as_deref(), depth + 1)
+                .map_err(|e| {
+                    Error::unavailable(format!(
+                        "ensemble '{name}' step {i} ('{model}') is not ready: {}",
+                        e.message()
+                    ))
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Stops every scheduler after draining (blocking).
+    pub fn shutdown(&self) {
+        for entry in self.models().values() {
+            for state in entry.versions.values() {
+                if let VersionState::Ready(m) = state {
+                    m.stop();
+                }
+            }
+        }
+    }
+}
+
+fn versions_list(entry: &ModelEntry) -> String {
+    let v: Vec<String> = entry.versions.keys().map(u64::to_string).collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
