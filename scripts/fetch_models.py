@@ -9,6 +9,9 @@ large is committed). Idempotent: a model already in place is left alone.
   PyPI wheel magika==1.0.3 (Apache-2.0), with its config (feature layout, thresholds) and the
   content-types knowledge base in model_repo/magika_labels/data/, which the label-mapping
   plugin reads (granted read-only).
+- model_repo/vad/1/model.onnx: the Akiki voice-activity detector `akiki-vad.onnx` (a GRU over
+  16 kHz audio, recurrent state `h`) from the PyPI wheel akiki==0.0.6 (Apache-2.0, package
+  and weights).
 """
 import glob
 import os
@@ -41,6 +44,11 @@ MODELS = [
         "magika==1.0.3",
         "magika/config/content_types_kb.min.json",
         "model_repo/magika_labels/data/content_types_kb.min.json",
+    ),
+    (
+        "akiki==0.0.6",
+        "akiki/models/akiki-vad.onnx",
+        "model_repo/vad/1/model.onnx",
     ),
 ]
 

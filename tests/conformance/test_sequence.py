@@ -2,6 +2,7 @@
 from several clients on both strategies, over HTTP, gRPC and a gRPC stream; control inputs;
 a missing START; an idle sequence timing out."""
 import os
+import shutil
 import queue
 import threading
 import time
@@ -130,3 +131,65 @@ def test_the_sequence_extension_and_config(seq):
     assert [i["name"] for i in meta["inputs"]] == ["INPUT"], "controls and state are the server's"
     cfg = c.get_model_config("accumulate_oldest")
     assert cfg["sequence_batching"]["oldest"]["max_candidate_sequences"] == 4
+
+
+VAD = os.path.join(ROOT, "model_repo", "vad")
+
+
+@pytest.fixture(scope="module")
+def vad_server(tmp_path_factory):
+    assert os.path.isfile(os.path.join(VAD, "1", "model.onnx")), \
+        "model_repo/vad/1/model.onnx is missing: run ./dev test (it fetches it)"
+    repo = tmp_path_factory.mktemp("vad")
+    shutil.copytree(VAD, os.path.join(repo, "vad"))
+    # tract cannot plan the model's If node: the demo needs ONNX Runtime
+    proc, log, urls = start_wisp(repo, "onnxruntime", "conformance-vad.log")
+    yield urls
+    stop_wisp(proc, log)
+
+
+def vad_frames(seed, n):
+    """n windows of 576 samples (64 of context + a 512-sample frame) of 16 kHz audio: quiet
+    noise, then a voiced tone burst, then noise again."""
+    rng = np.random.default_rng(seed)
+    audio = rng.normal(0, 0.002, 64 + 512 * n).astype(np.float32)
+    t = np.arange(audio.size) / 16000.0
+    burst = slice(64 + 512 * (n // 3), 64 + 512 * (2 * n // 3))
+    audio[burst] += (0.3 * np.sin(2 * np.pi * (140 + 60 * seed) * t[burst])
+                     * (1 + 0.5 * np.sin(2 * np.pi * 3 * t[burst]))).astype(np.float32)
+    return [audio[512 * k: 512 * k + 576].reshape(1, 576) for k in range(n)]
+
+
+def vad_reference(frames):
+    """The probabilities ONNX Runtime gives when the caller carries the state itself."""
+    import onnxruntime as ort
+    s = ort.InferenceSession(os.path.join(VAD, "1", "model.onnx"), providers=["CPUExecutionProvider"])
+    h = np.zeros((1, 1, 128), dtype=np.float32)
+    out = []
+    for f in frames:
+        p, h = s.run(["probability", "h_out"], {"audio_with_context": f, "h": h})
+        out.append(float(p[0]))
+    return out
+
+
+def test_the_vad_demo_keeps_each_streams_state_on_the_server(vad_server):
+    clips = {seq_id: vad_frames(seq_id, 24) for seq_id in (1, 2, 3)}
+    want = {seq_id: vad_reference(frames) for seq_id, frames in clips.items()}
+    got = {seq_id: [] for seq_id in clips}
+    h = httpclient.InferenceServerClient(url=vad_server["url"])
+    g = grpcclient.InferenceServerClient(url=vad_server["grpc_url"])
+    try:
+        # the three streams' frames interleaved, over both protocols
+        for k in range(24):
+            for seq_id, frames in clips.items():
+                mod, c = (httpclient, h) if seq_id != 2 else (grpcclient, g)
+                i = mod.InferInput("audio_with_context", [1, 576], "FP32")
+                i.set_data_from_numpy(frames[k])
+                r = c.infer("vad", [i], sequence_id=seq_id, sequence_start=k == 0, sequence_end=k == 23)
+                got[seq_id].append(float(r.as_numpy("probability")[0]))
+    finally:
+        g.close()
+    for seq_id in clips:
+        np.testing.assert_allclose(got[seq_id], want[seq_id], atol=1e-5)
+    # the bursts are heard: the state carried over is what makes the later frames confident
+    assert max(want[1]) > 0.5 > min(want[1])

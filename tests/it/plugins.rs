@@ -510,3 +510,81 @@ async fn the_sandbox_grants_nothing_unless_configured() {
     assert!(secs > 1_600_000_000, "{open}");
     server.shutdown().await.unwrap();
 }
+
+/// A wasm plugin keeping per-sequence state in its own memory behind the sequence batcher:
+/// interleaved sequences from concurrent clients on two instances each get their own totals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateful_plugin_keeps_each_sequence_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    add_plugin_model(
+        dir.path(),
+        "running_sum",
+        1,
+        "sequence-sum",
+        r#"backend: "wasm"
+max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+sequence_batching {
+  oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 200 }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+"#,
+    );
+    let server = start_plugins(dir.path()).await;
+    let addr = server.http_addr();
+    let mut clients = Vec::new();
+    for id in 1..=6u64 {
+        clients.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await.unwrap();
+            let mut sums = Vec::new();
+            for step in 0..5u64 {
+                let body = json!({
+                    "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 1],
+                                "data": [(id * 10 + step) as f32]}],
+                    "parameters": {"sequence_id": id, "sequence_start": step == 0,
+                                   "sequence_end": step == 4}
+                });
+                let r = c
+                    .post_json("/v2/models/running_sum/infer", &body)
+                    .await
+                    .unwrap();
+                assert_eq!(r.status, 200, "{}", error_text(&r));
+                sums.push(r.json()["outputs"][0]["data"][0].as_f64().unwrap());
+            }
+            (id, sums)
+        }));
+    }
+    for client in clients {
+        let (id, sums) = client.await.unwrap();
+        let want: Vec<f64> = (0..5u64)
+            .scan(0.0, |total, step| {
+                *total += (id * 10 + step) as f64;
+                Some(*total)
+            })
+            .collect();
+        assert_eq!(sums, want, "sequence {id}");
+    }
+    // after END, a continuation is refused with Triton's message
+    let mut c = Client::connect(addr).await.unwrap();
+    let r = c
+        .post_json(
+            "/v2/models/running_sum/infer",
+            &json!({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}],
+                    "parameters": {"sequence_id": 3}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    assert!(
+        error_text(&r).contains("must specify the START flag"),
+        "{}",
+        error_text(&r)
+    );
+    server.shutdown().await.unwrap();
+}

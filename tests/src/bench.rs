@@ -19,6 +19,10 @@
 //!   ensemble, each vs each of its steps alone (and text direction vs doing pre/post-processing
 //!   in the client), at concurrency 1, 8, 32, on a real image and a real file.
 //!
+//! - `sequence`: sequence batching (`oldest`) on the `accumulate` fixture at 8 and 32
+//!   concurrent sequences of 10 requests each, against the same model served stateless with
+//!   the client carrying the state itself (the work without the sequence batcher).
+//!
 //! - `soak` (not in the default set): the release `wisp` in its own process under mixed good,
 //!   bad and slow traffic with periodic reloads for `--soak-minutes`; RSS, p50 and p99 per
 //!   minute (see `soak.rs`).
@@ -1111,6 +1115,156 @@ fn pipelines_suite(
     Ok(())
 }
 
+/// Requests per sequence in the sequence suite.
+const SEQUENCE_LENGTH: u64 = 10;
+
+/// `conc` clients, each running whole sequences back to back for `secs`: with `stateful`,
+/// through the sequence batcher (the client sends only `INPUT` and the flags); without, to the
+/// stateless twin with the client carrying `STATE_IN` and the controls itself. Returns
+/// (sequences per second, per-request stats).
+async fn run_sequences(
+    addr: std::net::SocketAddr,
+    stateful: bool,
+    conc: usize,
+    secs: f64,
+    cap: usize,
+) -> anyhow::Result<(f64, Stats)> {
+    let mut tasks = Vec::new();
+    for task in 0..conc as u64 {
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await?;
+            let (mut lat, mut sequences) = (Vec::new(), 0u64);
+            let start = Instant::now();
+            let mut id = task * 1_000_000 + 1;
+            while start.elapsed().as_secs_f64() < secs && lat.len() < cap {
+                let mut state = 0.0f32;
+                for step in 0..SEQUENCE_LENGTH {
+                    let value = step as f32;
+                    let (first, last) = (step == 0, step == SEQUENCE_LENGTH - 1);
+                    let one = |name: &str, dt: &str, v: serde_json::Value| {
+                        serde_json::json!({"name": name, "datatype": dt, "shape": [1, 1], "data": [v]})
+                    };
+                    let (path, body) = if stateful {
+                        (
+                            "/v2/models/accumulate/infer",
+                            serde_json::json!({
+                                "inputs": [one("INPUT", "FP32", value.into())],
+                                "outputs": [{"name": "OUTPUT"}],
+                                "parameters": {"sequence_id": id, "sequence_start": first,
+                                               "sequence_end": last}}),
+                        )
+                    } else {
+                        (
+                            "/v2/models/accumulate_stateless/infer",
+                            serde_json::json!({"inputs": [
+                                one("INPUT", "FP32", value.into()),
+                                one("STATE_IN", "FP32", state.into()),
+                                one("START", "INT32", i32::from(first).into()),
+                                one("END", "INT32", i32::from(last).into()),
+                                one("CORRID", "UINT64", id.into())],
+                                "outputs": [{"name": "OUTPUT"}]}),
+                        )
+                    };
+                    let t = Instant::now();
+                    let r = c.post_json(path, &body).await?;
+                    lat.push(t.elapsed());
+                    anyhow::ensure!(
+                        r.status == 200,
+                        "HTTP {}: {}",
+                        r.status,
+                        String::from_utf8_lossy(&r.body)
+                    );
+                    let got = r.json()["outputs"][0]["data"][0].as_f64().unwrap_or(-1.0) as f32;
+                    state += value;
+                    anyhow::ensure!(got == state, "sequence {id}: got {got}, want {state}");
+                }
+                sequences += 1;
+                id += 1;
+            }
+            Ok::<_, anyhow::Error>((lat, sequences, start.elapsed()))
+        }));
+    }
+    let (mut all, mut sequences, mut wall) = (Vec::new(), 0, Duration::ZERO);
+    for t in tasks {
+        let (lat, n, w) = t.await??;
+        all.extend(lat);
+        sequences += n;
+        wall = wall.max(w);
+    }
+    Ok((sequences as f64 / wall.as_secs_f64(), stats(all, wall)))
+}
+
+fn sequence_suite(
+    args: &Args,
+    rt: &tokio::runtime::Runtime,
+    engine: OnnxEngine,
+) -> anyhow::Result<()> {
+    println!(
+        "## sequence: `oldest` sequence batching vs the client carrying the state ({SEQUENCE_LENGTH} requests a sequence, HTTP JSON, 2 instances)\n"
+    );
+    let dir = tempfile::tempdir()?;
+    let fixture = workspace_root().join("tests/fixtures/sequence/accumulate_oldest");
+    let model = std::fs::read(fixture.join("1/model.onnx"))?;
+    let config = std::fs::read_to_string(fixture.join("config.pbtxt"))?
+        .replace("accumulate_oldest", "accumulate")
+        .replace("max_candidate_sequences: 4", "max_candidate_sequences: 16");
+    let stateless = r#"platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "STATE_IN" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "START" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "END" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "CORRID" data_type: TYPE_UINT64 dims: [ 1 ] }
+]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+dynamic_batching { max_queue_delay_microseconds: 500 }
+"#;
+    for (name, cfg) in [
+        ("accumulate", config.as_str()),
+        ("accumulate_stateless", stateless),
+    ] {
+        std::fs::create_dir_all(dir.path().join(name).join("1"))?;
+        std::fs::write(dir.path().join(name).join("1/model.onnx"), &model)?;
+        std::fs::write(dir.path().join(name).join("config.pbtxt"), cfg)?;
+    }
+    let server = start_server(rt, dir.path(), engine)?;
+    println!("| concurrent sequences | mode | sequences/s | req/s | p50 µs | p99 µs | sequencer/stateless |");
+    println!("|---|---|---|---|---|---|---|");
+    for conc in [8usize, 32] {
+        let mut stateless_rate = 0.0;
+        for stateful in [false, true] {
+            let (per_sec, s) = rt.block_on(run_sequences(
+                server.http_addr(),
+                stateful,
+                conc,
+                args.seconds,
+                args.max_requests.div_ceil(conc),
+            ))?;
+            let ratio = if stateful {
+                format!("{:.2}", per_sec / stateless_rate)
+            } else {
+                stateless_rate = per_sec;
+                String::new()
+            };
+            println!(
+                "| {conc} | {} | {per_sec:.0} | {:.0} | {:.0} | {:.0} | {ratio} |",
+                if stateful {
+                    "sequence batcher (oldest)"
+                } else {
+                    "stateless, client-carried state"
+                },
+                s.rps,
+                us(s.p50),
+                us(s.p99)
+            );
+        }
+    }
+    rt.block_on(server.shutdown())?;
+    println!();
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let (engine, choice) = match args.engine.as_str() {
@@ -1137,10 +1291,11 @@ fn main() -> anyhow::Result<()> {
             "swap" => swap_suite(&args, &rt, engine)?,
             "plugins" => plugins_suite(&args, &rt, &backend, engine)?,
             "pipelines" => pipelines_suite(&args, &rt, engine)?,
+            "sequence" => sequence_suite(&args, &rt, engine)?,
             "soak" => soak::soak(&rt, args.soak_minutes)?,
             other => {
                 anyhow::bail!(
-                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines, soak)"
+                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines, sequence, soak)"
                 )
             }
         }
