@@ -224,9 +224,14 @@ fn http_cases() -> Vec<Case> {
             "binary_data",
         ),
         (
-            "shared memory",
+            "shared memory without byte size",
             json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "parameters": {"shared_memory_region": "r"}}]}),
-            "shared memory",
+            "shared_memory_byte_size",
+        ),
+        (
+            "shared memory byte size 2^64-1",
+            json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": u64::MAX, "shared_memory_offset": u64::MAX}}]}),
+            "INPUT0",
         ),
         (
             "deeply nested data",
@@ -241,7 +246,11 @@ fn http_cases() -> Vec<Case> {
         ),
     ];
     for (what, body, needle) in field_cases {
-        let status = if needle == "shared memory" { 501 } else { 400 };
+        let status = if what == "shared memory byte size 2^64-1" {
+            404 // no region of that name
+        } else {
+            400
+        };
         cases.push(json_case(what, body, status, needle));
     }
     // raw JSON that serde cannot even parse, or nests past any sane depth

@@ -23,6 +23,10 @@
 //!   concurrent sequences of 10 requests each, against the same model served stateless with
 //!   the client carrying the state itself (the work without the sequence batcher).
 //!
+//! - `shm`: a 4 MB FP32 input (and its 4 MB output) through an identity model, as binary HTTP
+//!   vs in system shared memory regions the client created (the client still reads its output
+//!   back), at concurrency 1 and 8.
+//!
 //! - `soak` (not in the default set): the release `wisp` in its own process under mixed good,
 //!   bad and slow traffic with periodic reloads for `--soak-minutes`; RSS, p50 and p99 per
 //!   minute (see `soak.rs`).
@@ -1115,6 +1119,184 @@ fn pipelines_suite(
     Ok(())
 }
 
+/// Bytes of the shm suite's input (and output).
+const SHM_BYTES: usize = 4 << 20;
+
+/// `conc` clients sending the 4 MB identity request for `secs`: as binary HTTP, or (with
+/// `shm`) naming the shared memory regions `in` and `out{task}`, each client reading its
+/// output back from `/dev/shm/{out_keys[task]}`.
+async fn big_requests(
+    addr: std::net::SocketAddr,
+    shm: Option<&[String]>,
+    conc: usize,
+    secs: f64,
+    cap: usize,
+) -> anyhow::Result<Stats> {
+    let rows = (SHM_BYTES / 64) as i64;
+    let input: Vec<u8> = (0..SHM_BYTES / 4)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    let (binary_body, header_len) = binary_request(&[("x", "FP32", vec![rows, 16], input)], true);
+    let binary_body = bytes::Bytes::from(binary_body);
+    let mut tasks = Vec::new();
+    for task in 0..conc {
+        let body = match shm {
+            Some(_) => bytes::Bytes::from(serde_json::to_vec(&serde_json::json!({
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 16],
+                            "parameters": {"shared_memory_region": "in",
+                                           "shared_memory_byte_size": SHM_BYTES}}],
+                "outputs": [{"name": "y",
+                             "parameters": {"shared_memory_region": format!("out{task}"),
+                                            "shared_memory_byte_size": SHM_BYTES}}]
+            }))?),
+            None => binary_body.clone(),
+        };
+        let headers: Vec<(&'static str, String)> = match shm {
+            Some(_) => vec![("content-type", "application/json".into())],
+            None => vec![("inference-header-content-length", header_len.to_string())],
+        };
+        let out_file = shm.map(|keys| format!("/dev/shm/{}", keys[task].trim_start_matches('/')));
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await?;
+            let path = "/v2/models/identity_big/infer";
+            let mut lat = Vec::new();
+            let warm = Instant::now();
+            let mut start = Instant::now();
+            let mut measuring = false;
+            while start.elapsed().as_secs_f64() < secs && lat.len() < cap {
+                if !measuring && warm.elapsed().as_secs_f64() >= secs / 4.0 {
+                    measuring = true;
+                    start = Instant::now();
+                }
+                let t = Instant::now();
+                let r = c.send("POST", path, &headers, body.clone()).await?;
+                anyhow::ensure!(
+                    r.status == 200,
+                    "HTTP {}: {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body[..r.body.len().min(300)])
+                );
+                let got = match &out_file {
+                    Some(f) => std::fs::read(f)?.len(),
+                    None => r.body.len(),
+                };
+                anyhow::ensure!(got >= SHM_BYTES, "short output: {got} bytes");
+                if measuring {
+                    lat.push(t.elapsed());
+                }
+            }
+            Ok::<_, anyhow::Error>((lat, start.elapsed()))
+        }));
+    }
+    let (mut all, mut wall) = (Vec::new(), Duration::ZERO);
+    for t in tasks {
+        let (lat, w) = t.await??;
+        all.extend(lat);
+        wall = wall.max(w);
+    }
+    Ok(stats(all, wall))
+}
+
+fn shm_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> anyhow::Result<()> {
+    println!("## shm: a 4 MB input and output, binary HTTP vs system shared memory\n");
+    let dir = tempfile::tempdir()?;
+    let m = dir.path().join("identity_big");
+    std::fs::create_dir_all(m.join("1"))?;
+    std::fs::copy(
+        workspace_root().join("tests/fixtures/vision/identity/1/model.onnx"),
+        m.join("1/model.onnx"),
+    )?;
+    std::fs::write(
+        m.join("config.pbtxt"),
+        r#"platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 16 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ -1, 16 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+"#,
+    )?;
+    let server = start_server(rt, dir.path(), engine)?;
+    let addr = server.http_addr();
+    let max_conc = 8;
+    let pid = std::process::id();
+    let in_key = format!("/wisp_bench_in_{pid}");
+    let out_keys: Vec<String> = (0..max_conc)
+        .map(|k| format!("/wisp_bench_out{k}_{pid}"))
+        .collect();
+    let input: Vec<u8> = (0..SHM_BYTES / 4)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    std::fs::write(format!("/dev/shm{in_key}"), &input)?;
+    for k in &out_keys {
+        std::fs::write(format!("/dev/shm{k}"), vec![0u8; SHM_BYTES])?;
+    }
+    let result = rt.block_on(async {
+        let mut c = Client::connect(addr).await?;
+        let register = |name: String, key: &str| {
+            let body = serde_json::json!({"key": key, "byte_size": SHM_BYTES});
+            (name, body)
+        };
+        let mut all = vec![register("in".into(), &in_key)];
+        for (k, key) in out_keys.iter().enumerate() {
+            all.push(register(format!("out{k}"), key));
+        }
+        for (name, body) in all {
+            let r = c
+                .post_json(
+                    &format!("/v2/systemsharedmemory/region/{name}/register"),
+                    &body,
+                )
+                .await?;
+            anyhow::ensure!(
+                r.status == 200,
+                "register {name}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        println!("| concurrency | transport | req/s | MB/s in | p50 ms | p99 ms | shm/binary |");
+        println!("|---|---|---|---|---|---|---|");
+        for conc in [1usize, max_conc] {
+            let mut binary_rps = 0.0;
+            for use_shm in [false, true] {
+                let s = big_requests(
+                    addr,
+                    use_shm.then_some(out_keys.as_slice()),
+                    conc,
+                    args.seconds,
+                    args.max_requests,
+                )
+                .await?;
+                let ratio = if use_shm {
+                    format!("{:.2}", s.rps / binary_rps)
+                } else {
+                    binary_rps = s.rps;
+                    String::new()
+                };
+                println!(
+                    "| {conc} | {} | {:.1} | {:.0} | {:.2} | {:.2} | {ratio} |",
+                    if use_shm {
+                        "system shared memory"
+                    } else {
+                        "binary HTTP"
+                    },
+                    s.rps,
+                    s.rps * SHM_BYTES as f64 / 1e6,
+                    us(s.p50) / 1000.0,
+                    us(s.p99) / 1000.0
+                );
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    });
+    let _ = std::fs::remove_file(format!("/dev/shm{in_key}"));
+    for k in &out_keys {
+        let _ = std::fs::remove_file(format!("/dev/shm{k}"));
+    }
+    rt.block_on(server.shutdown())?;
+    println!();
+    result
+}
+
 /// Requests per sequence in the sequence suite.
 const SEQUENCE_LENGTH: u64 = 10;
 
@@ -1292,10 +1474,11 @@ fn main() -> anyhow::Result<()> {
             "plugins" => plugins_suite(&args, &rt, &backend, engine)?,
             "pipelines" => pipelines_suite(&args, &rt, engine)?,
             "sequence" => sequence_suite(&args, &rt, engine)?,
+            "shm" => shm_suite(&args, &rt, engine)?,
             "soak" => soak::soak(&rt, args.soak_minutes)?,
             other => {
                 anyhow::bail!(
-                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines, sequence, soak)"
+                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines, sequence, shm, soak)"
                 )
             }
         }

@@ -14,7 +14,8 @@ use wisp_core::{DataType, Error, ErrorKind, InferRequest, Tensor};
 
 use crate::service::control::LoadRequest;
 use crate::service::query::{Duration, TensorMetadata};
-use crate::service::{Decoded, OutputSpec, Service, MAX_CLASSIFICATION};
+use crate::service::shm::{shm_ref, ShmRef};
+use crate::service::{Decoded, OutputSpec, Service, ShmInput, MAX_CLASSIFICATION};
 
 #[allow(
     missing_docs,
@@ -97,6 +98,13 @@ fn stream_decode_status(e: Status) -> Status {
 /// Sequences of one stream whose last request is remembered for ordering, before finished ones
 /// are forgotten.
 const STREAM_SEQUENCES_KEPT: usize = 256;
+
+/// CUDA shared memory needs a GPU; Wisp runs models on the CPU.
+pub(crate) fn cuda_unsupported() -> Error {
+    Error::unsupported(
+        "CUDA shared memory is not supported: Wisp runs models on the CPU (use system shared memory)",
+    )
+}
 
 /// The service.
 pub struct GrpcService {
@@ -190,15 +198,29 @@ fn contents_to_bytes(
 /// A `ModelInferRequest` → the service's [`Decoded`] (the service validates it against the
 /// model).
 pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
-    if !req.raw_input_contents.is_empty() && req.raw_input_contents.len() != req.inputs.len() {
+    let params_json =
+        |p: &HashMap<String, pb::InferParameter>| -> serde_json::Map<String, serde_json::Value> {
+            p.iter()
+                .map(|(k, v)| (k.clone(), param_to_json(v)))
+                .collect()
+        };
+    // Inputs in shared memory carry no raw contents: the raw list matches the others.
+    let in_shm: Vec<Option<ShmRef>> = req
+        .inputs
+        .iter()
+        .map(|t| shm_ref(&params_json(&t.parameters), &format!("input '{}'", t.name)))
+        .collect::<Result<_, Error>>()?;
+    let with_data = in_shm.iter().filter(|s| s.is_none()).count();
+    if !req.raw_input_contents.is_empty() && req.raw_input_contents.len() != with_data {
         return Err(Error::invalid(format!(
-            "expected {} raw_input_contents (one per input), got {}",
-            req.inputs.len(),
+            "expected {with_data} raw_input_contents (one per input not in shared memory), got {}",
             req.raw_input_contents.len()
         )));
     }
     let mut inputs = Vec::with_capacity(req.inputs.len());
-    for (i, t) in req.inputs.into_iter().enumerate() {
+    let mut shm_inputs = Vec::new();
+    let mut raw = req.raw_input_contents.iter();
+    for (t, place) in req.inputs.into_iter().zip(in_shm) {
         let dt =
             DataType::parse(&t.datatype).map_err(|e| e.context(format!("input '{}'", t.name)))?;
         if t.shape.iter().any(|&d| d < 0) {
@@ -207,7 +229,16 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
                 t.name
             )));
         }
-        let data: Bytes = match req.raw_input_contents.get(i) {
+        if let Some(at) = place {
+            shm_inputs.push(ShmInput {
+                name: t.name,
+                datatype: dt,
+                shape: t.shape,
+                at,
+            });
+            continue;
+        }
+        let data: Bytes = match raw.next() {
             Some(raw) => raw.clone(),
             None => {
                 let c = t.contents.unwrap_or_default();
@@ -231,10 +262,12 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
                     })? as usize,
             ),
         };
+        let shm = shm_ref(&params_json(&o.parameters), &format!("output '{}'", o.name))?;
         outputs.push(OutputSpec {
             name: o.name,
             binary: None,
             classification,
+            shm,
         });
     }
     let request = InferRequest {
@@ -254,6 +287,7 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
         request,
         outputs,
         binary_default: false,
+        shm_inputs,
     })
 }
 
@@ -286,15 +320,42 @@ async fn infer(
         id: answer.id,
         ..Default::default()
     };
-    for (_, t) in answer.outputs {
+    for (spec, t) in answer.outputs {
+        let mut parameters = HashMap::new();
+        let data = match &spec.shm {
+            // written into the region by the service; an empty entry keeps the raw list aligned
+            Some(at) => {
+                let param = |c| pb::InferParameter {
+                    parameter_choice: Some(c),
+                };
+                use pb::infer_parameter::ParameterChoice as C;
+                parameters.insert(
+                    "shared_memory_region".to_string(),
+                    param(C::StringParam(at.region.clone())),
+                );
+                parameters.insert(
+                    "shared_memory_byte_size".to_string(),
+                    param(C::Int64Param(t.data.len() as i64)),
+                );
+                if at.offset > 0 {
+                    parameters.insert(
+                        "shared_memory_offset".to_string(),
+                        param(C::Int64Param(at.offset as i64)),
+                    );
+                }
+                Bytes::new()
+            }
+            None => t.data,
+        };
         resp.outputs
             .push(pb::model_infer_response::InferOutputTensor {
                 name: t.name,
                 datatype: t.datatype.as_str().to_string(),
                 shape: t.shape,
+                parameters,
                 ..Default::default()
             });
-        resp.raw_output_contents.push(t.data);
+        resp.raw_output_contents.push(data);
     }
     Ok(resp)
 }
@@ -615,6 +676,85 @@ impl GrpcInferenceService for GrpcService {
             .await
             .map_err(status)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        r: Request<pb::SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
+        let name = r.into_inner().name;
+        let rows = self
+            .service
+            .shm
+            .status((!name.is_empty()).then_some(name.as_str()))
+            .map_err(status)?;
+        let regions = rows
+            .into_iter()
+            .map(|s| {
+                let row = pb::system_shared_memory_status_response::RegionStatus {
+                    name: s.name.clone(),
+                    key: s.key,
+                    offset: s.offset as u64,
+                    byte_size: s.byte_size as u64,
+                };
+                (s.name, row)
+            })
+            .collect();
+        Ok(Response::new(pb::SystemSharedMemoryStatusResponse {
+            regions,
+        }))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        r: Request<pb::SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
+        let r = r.into_inner();
+        let size = |n: u64, what: &str| {
+            usize::try_from(n)
+                .map_err(|_| status(Error::invalid(format!("{what} {n} is too large"))))
+        };
+        let (offset, byte_size) = (size(r.offset, "offset")?, size(r.byte_size, "byte_size")?);
+        let service = self.service.clone();
+        tokio::task::spawn_blocking(move || {
+            service.shm.register(&r.name, &r.key, offset, byte_size)
+        })
+        .await
+        .map_err(|_| Status::internal("shared memory registration panicked"))?
+        .map_err(status)?;
+        Ok(Response::new(pb::SystemSharedMemoryRegisterResponse {}))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        r: Request<pb::SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
+        let name = r.into_inner().name;
+        self.service
+            .shm
+            .unregister((!name.is_empty()).then_some(name.as_str()));
+        Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _: Request<pb::CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
+        Err(status(cuda_unsupported()))
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<pb::CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryRegisterResponse>, Status> {
+        Err(status(cuda_unsupported()))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<pb::CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
+        Err(status(cuda_unsupported()))
     }
 
     async fn log_settings(

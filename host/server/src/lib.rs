@@ -228,6 +228,7 @@ impl Server {
                     .unwrap_or(usize::MAX)
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
+            shm: Default::default(),
             logging: logging::LogControl::new(logging::LogSettings {
                 log_file: settings
                     .log_file

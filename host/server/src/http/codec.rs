@@ -13,7 +13,14 @@ use wisp_core::config::ModelConfig;
 use wisp_core::tensor::{decode_bytes_elements, element_count, encode_bytes_elements};
 use wisp_core::{DataType, Error, InferRequest, Result, Tensor};
 
-pub use crate::service::{Answer, Decoded, OutputSpec, MAX_CLASSIFICATION};
+use crate::service::shm::shm_ref;
+pub use crate::service::{Answer, Decoded, OutputSpec, ShmInput, MAX_CLASSIFICATION};
+
+/// One decoded input: its bytes, or where in shared memory they are.
+enum Input {
+    Tensor(Tensor),
+    Shm(ShmInput),
+}
 
 mod json_data;
 
@@ -84,10 +91,14 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
     let inputs_v: Vec<&serde_json::value::RawValue> = serde_json::from_str(inputs_raw.get())
         .map_err(|_| Error::invalid("'inputs' must be an array"))?;
     let mut inputs = Vec::with_capacity(inputs_v.len());
+    let mut shm_inputs = Vec::new();
     for (i, input) in inputs_v.iter().enumerate() {
         let o: RawMap = serde_json::from_str(input.get())
             .map_err(|_| Error::invalid(format!("inputs[{i}] must be a JSON object")))?;
-        inputs.push(decode_input(i, &o, &mut binary, cfg)?);
+        match decode_input(i, &o, &mut binary, cfg)? {
+            Input::Tensor(t) => inputs.push(t),
+            Input::Shm(s) => shm_inputs.push(s),
+        }
     }
     if !binary.is_empty() {
         return Err(Error::invalid(format!(
@@ -120,10 +131,11 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
         request,
         outputs,
         binary_default,
+        shm_inputs,
     })
 }
 
-fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, cfg: &ModelConfig) -> Result<Tensor> {
+fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, cfg: &ModelConfig) -> Result<Input> {
     let data_raw = raw.get("data").copied();
     let o: Map<String, Value> = raw
         .iter()
@@ -172,10 +184,22 @@ fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, cfg: &ModelConfig) -
                 as usize,
         ),
     };
-    if params.is_some_and(|p| p.contains_key("shared_memory_region")) {
-        return Err(Error::unsupported(format!(
-            "input '{name}': shared memory is not supported"
-        )));
+    if let Some(place) = params
+        .map(|p| shm_ref(p, &format!("input '{name}'")))
+        .transpose()?
+        .flatten()
+    {
+        if data_raw.is_some() || binary_size.is_some() {
+            return Err(at(
+                "has 'shared_memory_region' and also 'data' or 'binary_data_size'".into(),
+            ));
+        }
+        return Ok(Input::Shm(ShmInput {
+            name: name.to_string(),
+            datatype,
+            shape,
+            at: place,
+        }));
     }
     let data: Bytes = match (binary_size, data_raw) {
         (Some(_), Some(_)) => {
@@ -195,7 +219,9 @@ fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, cfg: &ModelConfig) -
             .into(),
         (None, None) => return Err(at("has neither 'data' nor 'binary_data_size'".into())),
     };
-    Tensor::new(name, datatype, shape, data).map_err(|e| Error::invalid(e.message().to_string()))
+    Tensor::new(name, datatype, shape, data)
+        .map(Input::Tensor)
+        .map_err(|e| Error::invalid(e.message().to_string()))
 }
 
 fn decode_output(i: usize, v: &Value) -> Result<OutputSpec> {
@@ -231,12 +257,7 @@ fn decode_output(i: usize, v: &Value) -> Result<OutputSpec> {
                 })?;
             spec.classification = Some(n as usize);
         }
-        if p.contains_key("shared_memory_region") {
-            return Err(Error::unsupported(format!(
-                "output '{}': shared memory is not supported",
-                spec.name
-            )));
-        }
+        spec.shm = shm_ref(p, &format!("output '{}'", spec.name))?;
     }
     Ok(spec)
 }
@@ -289,6 +310,7 @@ fn decode_raw(body: Bytes, cfg: &ModelConfig) -> Result<Decoded> {
         request,
         outputs: Vec::new(),
         binary_default: true,
+        shm_inputs: Vec::new(),
     })
 }
 
@@ -373,7 +395,19 @@ pub fn encode_parts(
         o.insert("name".into(), Value::from(t.name.clone()));
         o.insert("datatype".into(), Value::from(t.datatype.as_str()));
         o.insert("shape".into(), Value::from(t.shape.clone()));
-        if binary_of(spec) {
+        if let Some(at) = &spec.shm {
+            // written into the region by the service
+            let mut p = Map::new();
+            p.insert(
+                "shared_memory_region".into(),
+                Value::from(at.region.clone()),
+            );
+            p.insert("shared_memory_byte_size".into(), Value::from(t.data.len()));
+            if at.offset > 0 {
+                p.insert("shared_memory_offset".into(), Value::from(at.offset));
+            }
+            o.insert("parameters".into(), Value::Object(p));
+        } else if binary_of(spec) {
             let mut p = Map::new();
             p.insert("binary_data_size".into(), Value::from(t.data.len()));
             o.insert("parameters".into(), Value::Object(p));
@@ -391,7 +425,10 @@ pub fn encode_parts(
     }
     root.insert("outputs".into(), Value::Array(json_outputs));
     let json = serde_json::to_vec(&Value::Object(root)).expect("JSON values serialize");
-    if !outputs.iter().any(|(spec, _)| binary_of(spec)) {
+    if !outputs
+        .iter()
+        .any(|(spec, _)| spec.shm.is_none() && binary_of(spec))
+    {
         return Encoded {
             body: json.into(),
             header_len: None,

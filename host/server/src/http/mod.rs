@@ -81,6 +81,10 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
             .map(|s| json_response(s.to_json()))
             .map_err(ApiError),
         (["v2", "logging"], &Method::POST) => logging_update(&app, req).await,
+        (["v2", "systemsharedmemory", rest @ ..], _) => {
+            system_shared_memory(&app, rest, &method, req).await
+        }
+        (["v2", "cudasharedmemory", ..], _) => Err(crate::grpc::cuda_unsupported().into()),
         (["v2", "models", rest @ ..], _) if !rest.is_empty() => {
             model_route(&app, rest, &method, req).await
         }
@@ -413,6 +417,69 @@ async fn json_body(app: &AppState, req: Request) -> Result<serde_json::Map<Strin
         Err(e) => Err(Error::invalid(format!(
             "malformed JSON in request body: {e}"
         ))),
+    }
+}
+
+/// The system shared memory extension: `[region/{name}/]status` (GET), `region/{name}/register`
+/// (POST `{"key", "offset", "byte_size"}`), `[region/{name}/]unregister` (POST).
+async fn system_shared_memory(
+    app: &AppState,
+    rest: &[&str],
+    method: &Method,
+    req: Request,
+) -> ApiResult {
+    let (name, action) = match rest {
+        [a] => (None, *a),
+        ["region", n, a] => (Some(*n), *a),
+        _ => return Err(Error::not_found("no such shared memory route").into()),
+    };
+    match (action, method, name) {
+        ("status", &Method::GET, _) => {
+            let rows = app.service.shm.status(name)?;
+            let rows: Vec<Value> = rows
+                .into_iter()
+                .map(|r| {
+                    json!({"name": r.name, "key": r.key, "offset": r.offset,
+                           "byte_size": r.byte_size})
+                })
+                .collect();
+            Ok(json_response(Value::Array(rows)))
+        }
+        ("register", &Method::POST, Some(name)) => {
+            let body = json_body(app, req).await?;
+            let key = body
+                .get("key")
+                .and_then(Value::as_str)
+                .ok_or_else(|| Error::invalid("shared memory registration needs a string 'key'"))?;
+            let number = |field: &str, required: bool| -> Result<usize, Error> {
+                match body.get(field) {
+                    None if !required => Ok(0),
+                    v => v
+                        .and_then(Value::as_u64)
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "shared memory registration needs a non-negative integer '{field}'"
+                            ))
+                        }),
+                }
+            };
+            let (offset, byte_size) = (number("offset", false)?, number("byte_size", true)?);
+            let (service, name, key) = (app.service.clone(), name.to_string(), key.to_string());
+            tokio::task::spawn_blocking(move || {
+                service.shm.register(&name, &key, offset, byte_size)
+            })
+            .await
+            .map_err(|_| Error::internal("shared memory registration panicked"))??;
+            Ok(StatusCode::OK.into_response())
+        }
+        ("unregister", &Method::POST, _) => {
+            app.service.shm.unregister(name);
+            Ok(StatusCode::OK.into_response())
+        }
+        ("status", _, _) => Ok(method_not_allowed(method, "GET")),
+        ("register" | "unregister", _, _) => Ok(method_not_allowed(method, "POST")),
+        _ => Err(Error::not_found(format!("unknown shared memory action '{action}'")).into()),
     }
 }
 

@@ -16,6 +16,7 @@ use wisp_core::tensor::encode_bytes_elements;
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
 use wisp_scheduler::FailReason;
 
+use super::shm::ShmRef;
 use super::Service;
 use crate::models::ModelVersion;
 
@@ -31,6 +32,21 @@ pub struct OutputSpec {
     pub binary: Option<bool>,
     /// `parameters.classification`: top-N classes instead of raw values.
     pub classification: Option<usize>,
+    /// `parameters.shared_memory_region` …: write the output there instead of returning it.
+    pub shm: Option<ShmRef>,
+}
+
+/// An input whose bytes are in a registered shared memory region (read by the service).
+#[derive(Debug)]
+pub struct ShmInput {
+    /// Input name.
+    pub name: String,
+    /// Its datatype.
+    pub datatype: DataType,
+    /// Its full shape.
+    pub shape: Vec<i64>,
+    /// Where its bytes are.
+    pub at: ShmRef,
 }
 
 /// A request as a front end decoded it, before validation.
@@ -42,6 +58,8 @@ pub struct Decoded {
     pub outputs: Vec<OutputSpec>,
     /// Request-level `binary_data_output` (or a raw binary request); HTTP only.
     pub binary_default: bool,
+    /// Inputs to read from shared memory, added to the request by the service.
+    pub shm_inputs: Vec<ShmInput>,
 }
 
 /// What a request produced: the version that ran it and the tensors to return, in the order
@@ -65,15 +83,38 @@ impl Service {
     }
 
     /// Validates `decoded` against `m`'s signature, reads its scheduling parameters, runs it
-    /// (through the response cache when the model enables it) and selects its outputs. `received` is when the front end got the
-    /// request: decode and validation failures are recorded with the time since then.
+    /// (through the response cache when the model enables it) and selects its outputs.
+    /// `received` is when the front end got the request: decode and validation failures are
+    /// recorded with the time since then.
     pub async fn infer(
         &self,
         m: Arc<ModelVersion>,
         decoded: Result<Decoded>,
         received: Instant,
     ) -> Result<Answer> {
+        // Bytes read from shared memory count against the in-flight budget like a body's.
+        let mut _shm_permit = None;
         let checked = decoded.and_then(|mut d| {
+            // Named regions and windows are checked before the budget is charged or anything read.
+            for s in &d.shm_inputs {
+                self.shm
+                    .check(&s.at)
+                    .map_err(|e| e.context(format!("input '{}'", s.name)))?;
+            }
+            let shm_bytes = d
+                .shm_inputs
+                .iter()
+                .fold(0u64, |sum, s| sum.saturating_add(s.at.byte_size as u64));
+            if shm_bytes > 0 {
+                _shm_permit = Some(self.admit(shm_bytes)?);
+            }
+            for s in std::mem::take(&mut d.shm_inputs) {
+                let what = format!("input '{}'", s.name);
+                let data = self.shm.read(&s.at).map_err(|e| e.context(&what))?;
+                let t = Tensor::new(s.name, s.datatype, s.shape, data)
+                    .map_err(|e| Error::invalid(format!("{what}: {}", e.message())))?;
+                d.request.inputs.push(t);
+            }
             wisp_core::infer::validate(&d.request, &m.config)?;
             d.request.scheduling = Scheduling::from_parameters(&d.request.parameters)?;
             d.request.sequence = SequenceFlags::from_parameters(&d.request.parameters)?;
@@ -83,6 +124,7 @@ impl Service {
             request,
             outputs,
             binary_default,
+            ..
         } = match checked {
             Ok(d) => d,
             Err(e) => {
@@ -100,6 +142,13 @@ impl Service {
         };
         let labels = |name: &str| m.labels.get(name).cloned();
         let tensors = select_outputs(response, &wanted, &m.config, &labels)?;
+        for (spec, t) in wanted.iter().zip(&tensors) {
+            if let Some(at) = &spec.shm {
+                self.shm
+                    .write(at, &t.data)
+                    .map_err(|e| e.context(format!("output '{}'", spec.name)))?;
+            }
+        }
         Ok(Answer {
             id,
             outputs: wanted.into_iter().zip(tensors).collect(),

@@ -15,6 +15,7 @@
 pub mod control;
 pub mod infer;
 pub mod query;
+pub mod shm;
 
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ use crate::logging::LogControl;
 use crate::models::Registry;
 use crate::settings::ControlMode;
 
-pub use infer::{Answer, Decoded, OutputSpec, MAX_CLASSIFICATION};
+pub use infer::{Answer, Decoded, OutputSpec, ShmInput, MAX_CLASSIFICATION};
 
 /// Extensions this server implements (reported by server metadata on both protocols).
 pub const EXTENSIONS: &[&str] = &[
@@ -34,6 +35,7 @@ pub const EXTENSIONS: &[&str] = &[
     "schedule_policy",
     "sequence",
     "statistics",
+    "system_shared_memory",
     "model_repository",
     "model_repository(unload_dependents)",
     "logging",
@@ -56,6 +58,8 @@ pub struct Service {
     /// The in-flight request memory budget in KiB (`--max-inflight-bytes`), shared by both
     /// protocols.
     pub budget: Arc<tokio::sync::Semaphore>,
+    /// Registered system shared memory regions (the shared memory extension).
+    pub shm: shm::SharedMemory,
 }
 
 impl Service {
