@@ -640,10 +640,24 @@ impl GrpcInferenceService for GrpcService {
                 )))
             }
         };
+        let mut files = Vec::new();
+        for (key, value) in r.parameters {
+            let Some(path) = key.strip_prefix("file:") else {
+                continue;
+            };
+            match value.parameter_choice {
+                Some(C::BytesParam(data)) => files.push((path.to_string(), data)),
+                _ => {
+                    return Err(status(Error::invalid(format!(
+                        "parameter '{key}' must be bytes"
+                    ))))
+                }
+            }
+        }
         let load = LoadRequest {
             repository: r.repository_name,
             config,
-            has_files: r.parameters.keys().any(|k| k.starts_with("file:")),
+            files,
         };
         self.service
             .load(&r.model_name, load)

@@ -542,10 +542,24 @@ async fn control(
             Some(Value::String(s)) => Some(s.clone()),
             Some(_) => return Err(Error::invalid("parameter 'config' must be a string").into()),
         };
+        let mut files = Vec::new();
+        for (key, value) in &params {
+            let Some(path) = key.strip_prefix("file:") else {
+                continue;
+            };
+            let text = value.as_str().ok_or_else(|| {
+                Error::invalid(format!("parameter '{key}' must be a base64 string"))
+            })?;
+            use base64::Engine as _;
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map_err(|e| Error::invalid(format!("parameter '{key}' is not base64: {e}")))?;
+            files.push((path.to_string(), data));
+        }
         let load = LoadRequest {
             repository: repository.to_string(),
             config,
-            has_files: params.keys().any(|k| k.starts_with("file:")),
+            files,
         };
         app.service.load(model, load).await?;
     } else {

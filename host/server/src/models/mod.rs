@@ -48,6 +48,9 @@ struct Slot {
     lifecycle: Mutex<()>,
     /// Bookkeeping that poll and the index read without waiting for a load in progress.
     marks: Mutex<Marks>,
+    /// The server-owned directory of files a load request shipped (`file:` parameters) that
+    /// the model was loaded from; removed when the model unloads or loads from elsewhere.
+    shipped: Mutex<Option<tempfile::TempDir>>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -187,7 +190,28 @@ impl Registry {
     /// is reported by [`Registry::index`].
     pub fn load(&self, name: &str, config_json: Option<&str>) -> Result<()> {
         let dir = self.find_dir(name)?;
-        self.load_dir(&dir, config_json, 0)
+        self.load_dir(&dir, config_json, 0)?;
+        self.slot(name).shipped.lock().expect("shipped").take();
+        Ok(())
+    }
+
+    /// Loads, or reloads, `name` from files a load request shipped, written under `shipped`
+    /// (`<shipped>/<name>/<version>/…`), with `config_json` as its config. The directory is kept
+    /// while the model is served from it and removed when it unloads or loads from elsewhere;
+    /// on failure it is removed at once and a model that was serving keeps serving.
+    pub fn load_override(
+        &self,
+        name: &str,
+        shipped: tempfile::TempDir,
+        config_json: &str,
+    ) -> Result<()> {
+        let dir = ModelDir {
+            name: name.to_string(),
+            path: shipped.path().join(name),
+        };
+        self.load_dir(&dir, Some(config_json), 0)?;
+        *self.slot(name).shipped.lock().expect("shipped") = Some(shipped);
+        Ok(())
     }
 
     /// Loads every composing model of the ensemble `dir` that is not loaded yet.
@@ -273,6 +297,7 @@ impl Registry {
         let _guard = slot.lifecycle.lock().expect("model lock");
         let removed = self.models.write().expect("registry lock").remove(name);
         *slot.marks.lock().expect("marks") = Marks::default();
+        slot.shipped.lock().expect("shipped").take();
         match removed {
             Some(_) => {
                 tracing::info!(model = name, "model unloaded");

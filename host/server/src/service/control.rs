@@ -14,8 +14,89 @@ pub struct LoadRequest {
     pub repository: String,
     /// A JSON `ModelConfig` replacing `config.pbtxt` (may only narrow a plugin's sandbox).
     pub config: Option<String>,
-    /// Whether the request carried `file:` parameters (model files from the network).
-    pub has_files: bool,
+    /// Model files from `file:<path>` parameters (path inside the model directory, content).
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// Files one load request may ship, at most.
+pub const MAX_OVERRIDE_FILES: usize = 256;
+/// Bytes one load request may ship in files, at most.
+pub const MAX_OVERRIDE_BYTES: usize = 256 << 20;
+
+/// A `file:` path, checked: relative, inside a version directory (`<digits>/…`), made of plain
+/// names only. The model's config comes from the `config` parameter, never from a file.
+fn override_path(path: &str) -> Result<std::path::PathBuf> {
+    let bad = |why: &str| Error::invalid(format!("parameter 'file:{path}': {why}"));
+    if path.is_empty() || path.len() > 1024 {
+        return Err(bad("the path must have 1 to 1024 bytes"));
+    }
+    if path
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == ".." || seg.contains('\0'))
+    {
+        return Err(bad("the path must be relative, without '.' or '..'"));
+    }
+    let p = std::path::Path::new(path);
+    let mut parts = Vec::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::Normal(n) => parts.push(n),
+            _ => return Err(bad("the path must be relative, without '.' or '..'")),
+        }
+    }
+    if parts.len() < 2 || parts.len() > 8 {
+        return Err(bad(
+            "files go inside a version directory, such as 'file:1/model.onnx'",
+        ));
+    }
+    let version = parts[0].to_str().unwrap_or("");
+    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) || version.len() > 19 {
+        return Err(bad(
+            "files go inside a version directory, such as 'file:1/model.onnx'",
+        ));
+    }
+    Ok(parts.iter().collect())
+}
+
+/// Writes a load request's files under a fresh server-owned directory, as
+/// `<dir>/<model>/<path>`; the directory goes away when the returned handle is dropped.
+fn write_override(model: &str, files: &[(String, Vec<u8>)]) -> Result<tempfile::TempDir> {
+    if files.len() > MAX_OVERRIDE_FILES {
+        return Err(Error::invalid(format!(
+            "a load request may carry at most {MAX_OVERRIDE_FILES} 'file:' parameters, got {}",
+            files.len()
+        )));
+    }
+    let total = files
+        .iter()
+        .fold(0usize, |sum, (_, data)| sum.saturating_add(data.len()));
+    if total > MAX_OVERRIDE_BYTES {
+        return Err(Error::too_large(format!(
+            "the 'file:' parameters hold {total} bytes, more than {MAX_OVERRIDE_BYTES}"
+        )));
+    }
+    let paths = files
+        .iter()
+        .map(|(p, _)| override_path(p))
+        .collect::<Result<Vec<_>>>()?;
+    let dir = tempfile::Builder::new()
+        .prefix("wisp-override-")
+        .tempdir()
+        .map_err(|e| {
+            Error::internal(format!(
+                "cannot create a directory for 'file:' parameters: {e}"
+            ))
+        })?;
+    let root = dir.path().join(model);
+    for (path, (name, data)) in paths.iter().zip(files) {
+        let target = root.join(path);
+        let written = target
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&target, data));
+        written.map_err(|e| Error::internal(format!("cannot write 'file:{name}': {e}")))?;
+    }
+    Ok(dir)
 }
 
 impl Service {
@@ -45,15 +126,41 @@ impl Service {
                 "a load request may not override a model's config when --require-signed-models is set (the signed config.pbtxt is what loads)",
             ));
         }
-        if req.has_files {
-            return Err(Error::unsupported(
-                "loading model files from the request ('file:' parameters) is not supported",
+        let (registry, model) = (self.registry.clone(), model.to_string());
+        if req.files.is_empty() {
+            return tokio::task::spawn_blocking(move || {
+                registry.load(&model, req.config.as_deref())
+            })
+            .await
+            .map_err(|_| Error::internal("model load panicked"))?;
+        }
+        if self.signed_only {
+            return Err(Error::invalid(
+                "a load request may not ship model files ('file:' parameters) when --require-signed-models is set",
             ));
         }
-        let (registry, model) = (self.registry.clone(), model.to_string());
-        tokio::task::spawn_blocking(move || registry.load(&model, req.config.as_deref()))
-            .await
-            .map_err(|_| Error::internal("model load panicked"))?
+        let Some(config) = req.config else {
+            return Err(Error::invalid(
+                "a load request with 'file:' parameters must also give the model's 'config'",
+            ));
+        };
+        if model.is_empty()
+            || model.len() > 255
+            || model.contains(['/', '\\', '\0'])
+            || model == "."
+            || model == ".."
+        {
+            return Err(Error::invalid(format!(
+                "'{}' cannot name a model directory",
+                model.escape_debug()
+            )));
+        }
+        tokio::task::spawn_blocking(move || {
+            let dir = write_override(&model, &req.files)?;
+            registry.load_override(&model, dir, &config)
+        })
+        .await
+        .map_err(|_| Error::internal("model load panicked"))?
     }
 
     /// Unloads `model` (off the async workers); with `dependents`, also the models it composes
@@ -82,5 +189,57 @@ impl Service {
         } else {
             self.logging.update(update)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_paths_stay_in_version_directories() {
+        assert_eq!(
+            override_path("1/model.onnx").unwrap(),
+            std::path::PathBuf::from("1/model.onnx")
+        );
+        assert!(override_path("12/sub/model.onnx").is_ok());
+        for bad in [
+            "",
+            "model.onnx",
+            "config.pbtxt",
+            "/1/model.onnx",
+            "1/../../x",
+            "../1/x",
+            "1/./x",
+            "a/model.onnx",
+            "1",
+            "1/",
+        ] {
+            assert!(override_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn override_files_are_written_under_a_fresh_directory_and_bounded() {
+        let dir = write_override("m", &[("1/model.onnx".into(), b"onnx".to_vec())]).unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("m/1/model.onnx")).unwrap(),
+            b"onnx"
+        );
+        let path = dir.path().to_path_buf();
+        drop(dir);
+        assert!(!path.exists(), "removed with its handle");
+        let many: Vec<(String, Vec<u8>)> = (0..=MAX_OVERRIDE_FILES)
+            .map(|i| (format!("1/f{i}"), Vec::new()))
+            .collect();
+        assert!(write_override("m", &many).is_err());
+        let big = vec![(
+            "1/model.onnx".to_string(),
+            vec![0u8; MAX_OVERRIDE_BYTES + 1],
+        )];
+        assert_eq!(
+            write_override("m", &big).unwrap_err().kind(),
+            wisp_core::ErrorKind::TooLarge
+        );
     }
 }
