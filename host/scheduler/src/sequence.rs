@@ -8,7 +8,8 @@
 //!   slots per instance; `oldest`: `max_candidate_sequences`). Its requests run on that
 //!   instance only, one at a time and in order; requests of different sequences on the same
 //!   instance batch together. A sequence that finds no free slot waits in a backlog, in
-//!   arrival order, until one is released.
+//!   arrival order, until one is released. Slots are cut so that the implicit state of all
+//!   slot holders stays within `MAX_STATE_BYTES_TOTAL`.
 //! - The batcher adds the control inputs the config names (START, END, READY, CORRID) and the
 //!   implicit state: the model's state output after one request is its state input in the
 //!   next, zeros on START. State outputs are not returned to the client unless the config
@@ -18,7 +19,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
-use wisp_core::config::bounds::MAX_SEQUENCES;
+use wisp_core::config::bounds::{MAX_SEQUENCES, MAX_STATE_BYTES_TOTAL};
 use wisp_core::config::sequence::{ControlKind, SequenceBatching};
 use wisp_core::infer::{CorrelationId, SequenceFlags};
 use wisp_core::tensor::encode_bytes_elements;
@@ -88,15 +89,32 @@ impl Sequencer {
         scheduler: &Arc<Scheduler>,
         instances: usize,
     ) -> Arc<Self> {
+        let instances = instances.max(1);
+        // The state of every slot holder together stays within its bound.
+        let state_bytes: u64 = spec
+            .states
+            .iter()
+            .map(|s| {
+                let elems = s.dims.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64));
+                elems.saturating_mul(s.datatype.size().unwrap_or(1) as u64)
+            })
+            .fold(0u64, u64::saturating_add);
+        let by_state = MAX_STATE_BYTES_TOTAL
+            .checked_div(state_bytes)
+            .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let slots = spec
+            .slots_per_instance(max_batch_size)
+            .min(MAX_SEQUENCES.div_ceil(instances))
+            .min((by_state / instances).max(1));
         Arc::new(Sequencer {
             model: model.to_string(),
-            slots: spec.slots_per_instance(max_batch_size),
+            slots,
             spec,
             batching: max_batch_size > 0,
             public_outputs,
             scheduler: Arc::downgrade(scheduler),
             inner: Mutex::new(Inner {
-                used: vec![0; instances.max(1)],
+                used: vec![0; instances],
                 ..Default::default()
             }),
         })

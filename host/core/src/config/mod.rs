@@ -78,6 +78,9 @@ pub mod bounds {
     pub const MAX_SEQUENCES: usize = 1 << 16;
     /// Bytes of one implicit state tensor of one sequence.
     pub const MAX_STATE_BYTES: u64 = 64 << 20;
+    /// Bytes of implicit state all the live sequences of one model version may hold together:
+    /// the slots are cut to fit (sequences past them wait for a slot, holding no state).
+    pub const MAX_STATE_BYTES_TOTAL: u64 = 1 << 30;
 }
 
 type Map = serde_json::Map<String, serde_json::Value>;

@@ -273,3 +273,29 @@ fn a_new_start_restarts_a_live_sequence() {
     let (v, _) = value(send(&r, request(9, 1.0, true, false)).unwrap());
     assert_eq!(v, 1.0, "START resets the state");
 }
+
+#[test]
+fn slots_are_cut_so_that_all_state_fits_its_bound() {
+    // 64 MiB of state a sequence, 4096 slots asked for: 1 GiB holds 16 of them
+    let cfg = parse_pbtxt(
+        "big",
+        r#"max_batch_size: 4096
+sequence_batching {
+  state [ { input_name: "S" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 16777216 ] } ]
+}
+"#,
+    )
+    .unwrap();
+    let spec = wisp_core::config::sequence::read(&cfg).unwrap().unwrap();
+    let scheduler = Arc::new(
+        Scheduler::start(
+            "big",
+            Policy::from_config(&cfg),
+            vec![Box::new(Accumulator(0)) as Box<dyn Instance>],
+            None,
+        )
+        .unwrap(),
+    );
+    let seq = Sequencer::new("big", spec, 4096, Vec::new(), &scheduler, 1);
+    assert_eq!(seq.slots, 16);
+}
