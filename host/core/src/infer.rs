@@ -25,6 +25,8 @@ pub struct InferRequest {
     /// Its place in a sequence (a stateful model's), typed: set from `parameters` by
     /// [`SequenceFlags::from_parameters`] where a request enters the server.
     pub sequence: Option<SequenceFlags>,
+    /// The request's trace, when it was sampled for tracing (the trace extension).
+    pub trace: Option<std::sync::Arc<crate::trace::Trace>>,
 }
 
 /// A sequence's correlation ID: Triton's `sequence_id`, an unsigned integer or a string.

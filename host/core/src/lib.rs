@@ -6,6 +6,7 @@
 //! - [`repository`]: Triton-layout repository scanning and version policies.
 //! - [`backend`]: the `Backend` / `LoadedModel` / `Instance` traits backends implement.
 //! - [`env`]: the one injectable source of environment variables.
+//! - [`trace`]: request traces (the trace extension) the scheduler and ensembles mark.
 //! - [`error`]: the closed [`ErrorKind`](error::ErrorKind) front ends map to statuses.
 //!
 //! A request flows: front end decodes → [`infer::InferRequest`] → scheduler → an
@@ -19,6 +20,7 @@ pub mod error;
 pub mod infer;
 pub mod repository;
 pub mod tensor;
+pub mod trace;
 
 pub use datatype::DataType;
 pub use error::{Error, ErrorKind, Result};

@@ -220,6 +220,9 @@ impl Scheduler {
         let batched = p.max_batch_size > 0;
         let rows = request.batch_size(batched);
         let key = shape_key(&request, batched);
+        if let Some(t) = &request.trace {
+            t.mark("QUEUE_START");
+        }
         let now = Instant::now();
         let mut state = sh.state.lock().expect("scheduler lock");
         let reject = if state.stopping {
@@ -520,12 +523,26 @@ fn execute(shared: &Shared, instance: &mut dyn Instance, batch: Vec<Job>) {
         metas.push((j.seq, j.respond, j.enqueued));
     }
     let mut timing = ExecTiming::default();
+    let started_wall = wisp_core::trace::unix_ns(std::time::SystemTime::now());
     let started = Instant::now();
     let result = catch_unwind(AssertUnwindSafe(|| {
         instance.execute(&requests, &mut timing)
     }));
+    let took = started.elapsed().as_nanos() as u64;
     if timing == ExecTiming::default() {
-        timing.infer_ns = started.elapsed().as_nanos() as u64;
+        timing.infer_ns = took;
+    }
+    for t in requests.iter().filter_map(|r| r.trace.as_ref()) {
+        t.mark_at("COMPUTE_START", started_wall);
+        t.mark_at(
+            "COMPUTE_INPUT_END",
+            started_wall.saturating_add(timing.input_ns),
+        );
+        t.mark_at(
+            "COMPUTE_OUTPUT_START",
+            started_wall.saturating_add(took.saturating_sub(timing.output_ns)),
+        );
+        t.mark_at("COMPUTE_END", started_wall.saturating_add(took));
     }
     let n = requests.len();
     let results: Vec<Result<InferResponse>> = match result {

@@ -282,6 +282,7 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
         // read from the parameters by the service
         scheduling: Default::default(),
         sequence: None,
+        trace: None,
     };
     Ok(Decoded {
         request,
@@ -769,6 +770,55 @@ impl GrpcInferenceService for GrpcService {
         _: Request<pb::CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
         Err(status(cuda_unsupported()))
+    }
+
+    async fn trace_setting(
+        &self,
+        r: Request<pb::TraceSettingRequest>,
+    ) -> Result<Response<pb::TraceSettingResponse>, Status> {
+        let r = r.into_inner();
+        let model = (!r.model_name.is_empty()).then_some(r.model_name.as_str());
+        if let Some(m) = model {
+            self.service.model(m, None).map_err(status)?;
+        }
+        // Triton's gRPC form: every value a list of strings; an empty list clears a setting.
+        let update: serde_json::Map<String, serde_json::Value> = r
+            .settings
+            .into_iter()
+            .map(|(k, v)| {
+                let value = match v.value.as_slice() {
+                    [] => serde_json::Value::Null,
+                    [one] if k != "trace_level" => one.clone().into(),
+                    many => many.to_vec().into(),
+                };
+                (k, value)
+            })
+            .collect();
+        let settings = if update.is_empty() {
+            self.service.trace.settings(model)
+        } else if model.is_none() && update.values().any(serde_json::Value::is_null) {
+            return Err(status(Error::invalid(
+                "a global trace setting cannot be cleared, only set",
+            )));
+        } else {
+            self.service.trace.update(model, &update).map_err(status)?
+        };
+        let settings = settings
+            .to_json()
+            .into_iter()
+            .map(|(k, v)| {
+                let value = match v {
+                    serde_json::Value::Array(a) => a
+                        .into_iter()
+                        .map(|x| x.as_str().unwrap_or_default().to_string())
+                        .collect(),
+                    serde_json::Value::String(s) => vec![s],
+                    other => vec![other.to_string()],
+                };
+                (k, pb::trace_setting_response::SettingValue { value })
+            })
+            .collect();
+        Ok(Response::new(pb::TraceSettingResponse { settings }))
     }
 
     async fn log_settings(

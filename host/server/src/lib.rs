@@ -44,6 +44,7 @@ struct Resolved {
     grpc_restricted: restricted::Restrictions,
     http_tls: Option<tokio_rustls::TlsAcceptor>,
     grpc_tls: Option<tokio_rustls::TlsAcceptor>,
+    trace: service::trace::TraceSettings,
 }
 
 /// The value, or `None` with its error noted.
@@ -64,6 +65,10 @@ impl Resolved {
             None
         };
         let cache_size = take(&mut errors, cache::parse_cache_config(&s.cache_config));
+        let trace = take(
+            &mut errors,
+            service::trace::parse_trace_config(&s.trace_config),
+        );
         let host_policies = take(
             &mut errors,
             host_policy::HostPolicies::parse(&s.host_policy),
@@ -122,6 +127,7 @@ impl Resolved {
             grpc_restricted: grpc_restricted.unwrap_or_default(),
             http_tls,
             grpc_tls,
+            trace: trace.unwrap_or_default(),
         })
     }
 }
@@ -134,6 +140,7 @@ pub struct Server {
     poller: Option<tokio::task::JoinHandle<()>>,
     exit_timeout: std::time::Duration,
     registry: Arc<Registry>,
+    service: Arc<service::Service>,
     shutdown: Option<tokio::sync::watch::Sender<bool>>,
     grpc_addr: Option<SocketAddr>,
     grpc_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -229,6 +236,7 @@ impl Server {
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
             shm: Default::default(),
+            trace: service::trace::TraceControl::new(resolved.trace.clone()),
             logging: logging::LogControl::new(logging::LogSettings {
                 log_file: settings
                     .log_file
@@ -365,6 +373,7 @@ impl Server {
             poller,
             exit_timeout: std::time::Duration::from_secs(settings.exit_timeout_secs),
             registry,
+            service,
             shutdown: Some(tx),
             grpc_addr,
             grpc_task,
@@ -421,6 +430,8 @@ impl Server {
         }
         let registry = self.registry.clone();
         tokio::task::spawn_blocking(move || registry.shutdown()).await?;
+        let service = self.service.clone();
+        tokio::task::spawn_blocking(move || service.trace.flush()).await?;
         Ok(())
     }
 }

@@ -86,7 +86,7 @@ impl ApiGroup {
                 Some(&"infer") => ApiGroup::Inference,
                 Some(&"config") => ApiGroup::ModelConfig,
                 Some(&"stats") => ApiGroup::Statistics,
-                Some(&"trace") => ApiGroup::Trace,
+                Some(&"trace" | &"setting") => ApiGroup::Trace,
                 _ => ApiGroup::Metadata,
             },
             _ => return None,

@@ -274,6 +274,11 @@ pub struct Settings {
     #[arg(long, value_name = "local,size=BYTES")]
     pub cache_config: Vec<String>,
 
+    /// Tracing, Triton's syntax, repeatable: `level=TIMESTAMPS`, `rate=N`, `count=N`,
+    /// `log-frequency=N`, `mode=triton`, `triton,file=PATH` (the trace file; only settable here).
+    #[arg(long, value_name = "[MODE,]KEY=VALUE")]
+    pub trace_config: Vec<String>,
+
     /// Verbose logging level (0 = off, 1 = debug, 2+ = trace).
     #[arg(long, default_value_t = 0)]
     pub log_verbose: u8,

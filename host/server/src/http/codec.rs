@@ -126,6 +126,7 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
         // read from the parameters by the service
         scheduling: Default::default(),
         sequence: None,
+        trace: None,
     };
     Ok(Decoded {
         request,

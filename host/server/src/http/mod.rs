@@ -81,6 +81,10 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
             .map(|s| json_response(s.to_json()))
             .map_err(ApiError),
         (["v2", "logging"], &Method::POST) => logging_update(&app, req).await,
+        (["v2", "trace", "setting"], _) => trace_setting(&app, None, &method, req).await,
+        (["v2", "models", model, "trace", "setting"], _) => {
+            trace_setting(&app, Some(model), &method, req).await
+        }
         (["v2", "systemsharedmemory", rest @ ..], _) => {
             system_shared_memory(&app, rest, &method, req).await
         }
@@ -418,6 +422,28 @@ async fn json_body(app: &AppState, req: Request) -> Result<serde_json::Map<Strin
             "malformed JSON in request body: {e}"
         ))),
     }
+}
+
+/// The trace extension's settings, global or for `model`: GET reads them, POST updates them
+/// (a JSON object of Triton's settings; `null` clears a model's own setting).
+async fn trace_setting(
+    app: &AppState,
+    model: Option<&str>,
+    method: &Method,
+    req: Request,
+) -> ApiResult {
+    if let Some(m) = model {
+        app.service.model(m, None)?;
+    }
+    let settings = match *method {
+        Method::GET => app.service.trace.settings(model),
+        Method::POST => {
+            let body = json_body(app, req).await?;
+            app.service.trace.update(model, &body)?
+        }
+        _ => return Ok(method_not_allowed(method, "GET, POST")),
+    };
+    Ok(json_response(Value::Object(settings.to_json())))
 }
 
 /// The system shared memory extension: `[region/{name}/]status` (GET), `region/{name}/register`

@@ -308,16 +308,29 @@ impl Instance for EnsembleInstance {
                 }
             }
             Progress::Continue(calls) => {
-                for call in calls {
+                for mut call in calls {
                     let step = &self.plan.steps()[call.step];
                     let version = step.version.map(|v| v.to_string());
                     let tx = tx.clone();
                     let n = call.step;
+                    // A traced ensemble request gives each step a child trace.
+                    let child = call
+                        .request
+                        .trace
+                        .as_ref()
+                        .map(|parent| parent.child(&step.model, step.version));
+                    if let Some(c) = &child {
+                        c.mark("REQUEST_START");
+                    }
+                    call.request.trace = child.clone();
                     if let Err(e) = self.caller.submit(
                         &step.model,
                         version.as_deref(),
                         call.request,
                         Box::new(move |r| {
+                            if let Some(c) = &child {
+                                c.mark("REQUEST_END");
+                            }
                             let _ = tx.send((i, n, r));
                         }),
                     ) {

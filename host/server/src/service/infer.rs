@@ -118,6 +118,10 @@ impl Service {
             wisp_core::infer::validate(&d.request, &m.config)?;
             d.request.scheduling = Scheduling::from_parameters(&d.request.parameters)?;
             d.request.sequence = SequenceFlags::from_parameters(&d.request.parameters)?;
+            d.request.trace = self.trace.sample(&m.name, m.version);
+            if let Some(t) = &d.request.trace {
+                t.mark_ago("REQUEST_START", received.elapsed());
+            }
             Ok(d)
         });
         let Decoded {
@@ -134,7 +138,13 @@ impl Service {
             }
         };
         let id = request.id.clone();
-        let response = self.run(&m, request).await?;
+        let trace = request.trace.clone();
+        let response = self.run(&m, request).await;
+        if let Some(t) = trace {
+            t.mark("REQUEST_END");
+            self.trace.finish(&t);
+        }
+        let response = response?;
         let wanted = if outputs.is_empty() {
             all_outputs(&m.config)
         } else {

@@ -16,6 +16,7 @@ pub mod control;
 pub mod infer;
 pub mod query;
 pub mod shm;
+pub mod trace;
 
 use std::sync::Arc;
 
@@ -36,6 +37,7 @@ pub const EXTENSIONS: &[&str] = &[
     "sequence",
     "statistics",
     "system_shared_memory",
+    "trace",
     "model_repository",
     "model_repository(unload_dependents)",
     "logging",
@@ -60,6 +62,8 @@ pub struct Service {
     pub budget: Arc<tokio::sync::Semaphore>,
     /// Registered system shared memory regions (the shared memory extension).
     pub shm: shm::SharedMemory,
+    /// Trace settings and finished traces (the trace extension).
+    pub trace: trace::TraceControl,
 }
 
 impl Service {

@@ -1,0 +1,461 @@
+//! Triton's trace extension: which requests are traced (`trace_level`, `trace_rate`,
+//! `trace_count`, globally and per model) and where finished traces go (`trace_file`, written
+//! in Triton's trace-file JSON every `log_frequency` traces, or at shutdown and on a settings
+//! change when it is 0).
+//!
+//! The trace file is the operator's: it is set at start-up (`--trace-config triton,file=PATH`)
+//! and cannot be changed over the network, so no client can make the server write elsewhere.
+//! Traces record timestamps (request, queue, compute input/infer/output, each ensemble step as
+//! a child); `TENSORS` and the OpenTelemetry mode are refused as not supported.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Map, Value};
+use wisp_core::trace::Trace;
+use wisp_core::{Error, Result};
+
+/// Trace objects kept in memory between writes, at most; past it traces are dropped (and
+/// counted in the log) until the next write.
+pub const MAX_BUFFERED_TRACES: usize = 100_000;
+
+/// The trace settings in effect for the server or for one model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceSettings {
+    /// `OFF`, or `TIMESTAMPS`.
+    pub level: Vec<String>,
+    /// Trace one request in this many.
+    pub rate: u64,
+    /// Traces left to take (-1: no limit).
+    pub count: i64,
+    /// Write the file every this many traces (0: at shutdown and on a settings change).
+    pub log_frequency: u64,
+    /// The trace file (empty: tracing writes nowhere, so nothing is sampled).
+    pub file: String,
+    /// `triton`.
+    pub mode: String,
+}
+
+impl Default for TraceSettings {
+    fn default() -> Self {
+        TraceSettings {
+            level: vec!["OFF".into()],
+            rate: 1000,
+            count: -1,
+            log_frequency: 0,
+            file: String::new(),
+            mode: "triton".into(),
+        }
+    }
+}
+
+impl TraceSettings {
+    /// Triton's JSON form: every value a string, `trace_level` a list.
+    pub fn to_json(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("trace_level".into(), Value::from(self.level.clone()));
+        m.insert("trace_rate".into(), Value::from(self.rate.to_string()));
+        m.insert("trace_count".into(), Value::from(self.count.to_string()));
+        m.insert(
+            "log_frequency".into(),
+            Value::from(self.log_frequency.to_string()),
+        );
+        m.insert("trace_file".into(), Value::from(self.file.clone()));
+        m.insert("trace_mode".into(), Value::from(self.mode.clone()));
+        m
+    }
+
+    fn enabled(&self) -> bool {
+        !self.file.is_empty() && self.level.iter().any(|l| l == "TIMESTAMPS")
+    }
+
+    /// Applies one setting (a `--trace-config` item or an API update). `from_network` refuses
+    /// the file and the mode.
+    pub fn set(&mut self, key: &str, value: &Value, from_network: bool) -> Result<()> {
+        let text = |v: &Value| -> Result<String> {
+            match v {
+                Value::String(s) => Ok(s.clone()),
+                Value::Number(n) => Ok(n.to_string()),
+                Value::Array(a) if a.len() == 1 => match &a[0] {
+                    Value::String(s) => Ok(s.clone()),
+                    other => Ok(other.to_string()),
+                },
+                _ => Err(Error::invalid(format!(
+                    "trace setting '{key}' must be a string"
+                ))),
+            }
+        };
+        let number = |v: &Value| -> Result<i64> {
+            text(v)?
+                .trim()
+                .parse::<i64>()
+                .map_err(|_| Error::invalid(format!("trace setting '{key}' must be an integer")))
+        };
+        match key {
+            "trace_level" => {
+                let levels: Vec<String> = match value {
+                    Value::Array(a) => a
+                        .iter()
+                        .map(|v| v.as_str().map(str::to_uppercase))
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| {
+                            Error::invalid("trace setting 'trace_level' must be a list of strings")
+                        })?,
+                    v => vec![text(v)?.to_uppercase()],
+                };
+                for l in &levels {
+                    match l.as_str() {
+                        "OFF" | "TIMESTAMPS" => {}
+                        "TENSORS" => {
+                            return Err(Error::unsupported(
+                                "trace_level TENSORS is not supported (TIMESTAMPS is)",
+                            ))
+                        }
+                        other => {
+                            return Err(Error::invalid(format!(
+                                "trace_level '{other}' is not OFF, TIMESTAMPS or TENSORS"
+                            )))
+                        }
+                    }
+                }
+                if levels.is_empty() {
+                    return Err(Error::invalid("trace setting 'trace_level' is empty"));
+                }
+                self.level = levels;
+            }
+            "trace_rate" => {
+                let n = number(value)?;
+                if n < 1 {
+                    return Err(Error::invalid("trace_rate must be a positive integer"));
+                }
+                self.rate = n as u64;
+            }
+            "trace_count" => {
+                let n = number(value)?;
+                if n < -1 {
+                    return Err(Error::invalid("trace_count must be -1 or more"));
+                }
+                self.count = n;
+            }
+            "log_frequency" => {
+                let n = number(value)?;
+                if n < 0 {
+                    return Err(Error::invalid("log_frequency must be 0 or more"));
+                }
+                self.log_frequency = n as u64;
+            }
+            "trace_file" if from_network => {
+                if text(value)? != self.file {
+                    return Err(Error::invalid(
+                        "trace_file cannot be changed over the network; start wisp with --trace-config triton,file=PATH",
+                    ));
+                }
+            }
+            "trace_file" => self.file = text(value)?,
+            "trace_mode" => {
+                let mode = text(value)?.to_lowercase();
+                if mode == "opentelemetry" {
+                    return Err(Error::unsupported(
+                        "trace_mode opentelemetry is not supported yet (triton is)",
+                    ));
+                }
+                if mode != "triton" {
+                    return Err(Error::invalid(format!("trace_mode '{mode}' is not triton")));
+                }
+                if from_network && mode != self.mode {
+                    return Err(Error::invalid("trace_mode cannot be changed at run time"));
+                }
+                self.mode = mode;
+            }
+            other => {
+                return Err(Error::invalid(format!("unknown trace setting '{other}'")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The settings `--trace-config` gives: `level=…`, `rate=…`, `count=…`, `log-frequency=…`,
+/// `mode=…`, `triton,file=PATH` (Triton's syntax; a mode prefix other than `triton` is refused).
+pub fn parse_trace_config(items: &[String]) -> std::result::Result<TraceSettings, String> {
+    let mut s = TraceSettings::default();
+    for item in items {
+        let (mode, kv) = match item.split_once(',') {
+            Some((m, kv)) if !m.contains('=') => (Some(m), kv),
+            _ => (None, item.as_str()),
+        };
+        if let Some(m) = mode.filter(|m| *m != "triton") {
+            return Err(format!(
+                "--trace-config {item}: mode '{m}' is not supported (triton is)"
+            ));
+        }
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--trace-config {item}: expected KEY=VALUE"))?;
+        let key = match k {
+            "level" => "trace_level",
+            "rate" => "trace_rate",
+            "count" => "trace_count",
+            "log-frequency" | "log_frequency" => "log_frequency",
+            "file" => "trace_file",
+            "mode" => "trace_mode",
+            other => return Err(format!("--trace-config {item}: unknown setting '{other}'")),
+        };
+        s.set(key, &Value::from(v), false)
+            .map_err(|e| format!("--trace-config {item}: {}", e.message()))?;
+    }
+    Ok(s)
+}
+
+#[derive(Default)]
+struct State {
+    global: TraceSettings,
+    /// Per-model settings, each key overriding the global one.
+    models: HashMap<String, Map<String, Value>>,
+    /// Requests seen, and traces left, per model (reset when its settings change).
+    counters: HashMap<String, (u64, i64)>,
+    buffer: Vec<Value>,
+    traces: usize,
+    dropped: usize,
+    /// The next `{file}.{index}`.
+    index: u64,
+    /// Writes of the buffer so far with log_frequency 0.
+    flushes: u64,
+}
+
+/// The server's trace settings and the traces waiting to be written.
+#[derive(Default)]
+pub struct TraceControl {
+    state: Mutex<State>,
+}
+
+impl TraceControl {
+    /// Tracing with `global` settings (from `--trace-config`).
+    pub fn new(global: TraceSettings) -> Self {
+        TraceControl {
+            state: Mutex::new(State {
+                global,
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn effective(state: &State, model: Option<&str>) -> TraceSettings {
+        let mut s = state.global.clone();
+        if let Some(over) = model.and_then(|m| state.models.get(m)) {
+            for (k, v) in over {
+                // checked when stored
+                let _ = s.set(k, v, false);
+            }
+        }
+        s
+    }
+
+    /// The settings in effect for `model` (or the global ones).
+    pub fn settings(&self, model: Option<&str>) -> TraceSettings {
+        Self::effective(&self.state.lock().expect("trace lock"), model)
+    }
+
+    /// Applies `update` (all or nothing) to `model`'s settings or the global ones; a `null`
+    /// value clears a model's own setting. Buffered traces are written first, as Triton does.
+    pub fn update(
+        &self,
+        model: Option<&str>,
+        update: &Map<String, Value>,
+    ) -> Result<TraceSettings> {
+        let mut state = self.state.lock().expect("trace lock");
+        let mut global = state.global.clone();
+        let mut over = model
+            .and_then(|m| state.models.get(m).cloned())
+            .unwrap_or_default();
+        for (k, v) in update {
+            match model {
+                None => global.set(k, v, true)?,
+                Some(_) if v.is_null() => {
+                    over.remove(k);
+                }
+                Some(_) => {
+                    // checked against a copy, stored as given
+                    Self::effective(&state, model).set(k, v, true)?;
+                    over.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        self.write(&mut state);
+        match model {
+            None => {
+                state.global = global;
+                state.counters.clear();
+            }
+            Some(m) => {
+                state.models.insert(m.to_string(), over);
+                state.counters.remove(m);
+            }
+        }
+        Ok(Self::effective(&state, model))
+    }
+
+    /// Whether to trace the next request to `model`: `None`, or its trace.
+    pub fn sample(&self, model: &str, version: u64) -> Option<Arc<Trace>> {
+        let mut state = self.state.lock().expect("trace lock");
+        let s = Self::effective(&state, Some(model));
+        if !s.enabled() {
+            return None;
+        }
+        let (seen, left) = state
+            .counters
+            .entry(model.to_string())
+            .or_insert((0, s.count));
+        *seen += 1;
+        if *left == 0 || *seen % s.rate != 0 {
+            return None;
+        }
+        if *left > 0 {
+            *left -= 1;
+        }
+        Some(Trace::new(model, version))
+    }
+
+    /// Keeps a finished trace; writes the file when `log_frequency` traces are waiting.
+    pub fn finish(&self, trace: &Arc<Trace>) {
+        let mut state = self.state.lock().expect("trace lock");
+        if state.traces >= MAX_BUFFERED_TRACES {
+            state.dropped += 1;
+            return;
+        }
+        let objects = trace.to_json();
+        state.buffer.extend(objects);
+        state.traces += 1;
+        let frequency = Self::effective(&state, Some(&trace.model)).log_frequency;
+        if frequency > 0 && state.traces as u64 >= frequency {
+            self.write(&mut state);
+        }
+    }
+
+    /// Writes whatever traces are waiting (at shutdown).
+    pub fn flush(&self) {
+        let mut state = self.state.lock().expect("trace lock");
+        self.write(&mut state);
+    }
+
+    fn write(&self, state: &mut State) {
+        if state.buffer.is_empty() {
+            return;
+        }
+        let file = state.global.file.clone();
+        if file.is_empty() {
+            state.buffer.clear();
+            state.traces = 0;
+            return;
+        }
+        let path = if state.global.log_frequency > 0 {
+            state.index += 1;
+            format!("{file}.{}", state.index - 1)
+        } else {
+            state.flushes += 1;
+            if state.flushes == 1 {
+                file
+            } else {
+                format!("{file}.{}", state.flushes - 1)
+            }
+        };
+        let body = serde_json::to_vec(&Value::Array(std::mem::take(&mut state.buffer)))
+            .expect("JSON values serialize");
+        if let Err(e) = std::fs::write(&path, body) {
+            tracing::error!(path, error = %e, "cannot write the trace file");
+        }
+        if state.dropped > 0 {
+            tracing::warn!(
+                dropped = state.dropped,
+                "traces dropped: more than {MAX_BUFFERED_TRACES} waited to be written"
+            );
+            state.dropped = 0;
+        }
+        state.traces = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(file: &str) -> TraceSettings {
+        TraceSettings {
+            level: vec!["TIMESTAMPS".into()],
+            rate: 2,
+            count: 3,
+            log_frequency: 0,
+            file: file.into(),
+            mode: "triton".into(),
+        }
+    }
+
+    #[test]
+    fn samples_by_rate_and_count() {
+        let t = TraceControl::new(on("/dev/null"));
+        let taken = (0..20).filter(|_| t.sample("m", 1).is_some()).count();
+        assert_eq!(taken, 3, "every 2nd request, 3 at most");
+        assert!(TraceControl::new(TraceSettings::default())
+            .sample("m", 1)
+            .is_none());
+    }
+
+    #[test]
+    fn updates_are_checked_all_or_nothing_and_per_model() {
+        let t = TraceControl::new(on("/tmp/x"));
+        let upd = |v: Value| v.as_object().unwrap().clone();
+        let s = t
+            .update(Some("m"), &upd(serde_json::json!({"trace_rate": "5"})))
+            .unwrap();
+        assert_eq!(s.rate, 5);
+        assert_eq!(t.settings(None).rate, 2, "the global setting is untouched");
+        let bad = upd(serde_json::json!({"trace_rate": "7", "trace_file": "/etc/passwd"}));
+        assert!(t.update(None, &bad).is_err());
+        assert_eq!(t.settings(None).rate, 2, "all or nothing");
+        assert!(t
+            .update(None, &upd(serde_json::json!({"trace_level": ["TENSORS"]})))
+            .is_err());
+        assert!(t
+            .update(
+                None,
+                &upd(serde_json::json!({"trace_mode": "opentelemetry"}))
+            )
+            .is_err());
+        let s = t
+            .update(Some("m"), &upd(serde_json::json!({"trace_rate": null})))
+            .unwrap();
+        assert_eq!(s.rate, 2, "cleared back to the global setting");
+        assert_eq!(
+            t.settings(None).to_json()["trace_level"],
+            serde_json::json!(["TIMESTAMPS"])
+        );
+    }
+
+    #[test]
+    fn writes_tritons_json_every_log_frequency_traces() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("trace.json").display().to_string();
+        let mut s = on(&file);
+        s.rate = 1;
+        s.count = -1;
+        s.log_frequency = 2;
+        let t = TraceControl::new(s);
+        for _ in 0..4 {
+            let tr = t.sample("m", 1).unwrap();
+            tr.mark("REQUEST_START");
+            tr.mark("REQUEST_END");
+            t.finish(&tr);
+        }
+        for i in 0..2 {
+            let text = std::fs::read_to_string(format!("{file}.{i}")).unwrap();
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(
+                v.as_array().unwrap().len(),
+                4,
+                "two traces, two objects each"
+            );
+            assert_eq!(v[0]["model_name"], "m");
+            assert_eq!(v[1]["timestamps"][1]["name"], "REQUEST_END");
+        }
+    }
+}
