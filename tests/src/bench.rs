@@ -27,6 +27,10 @@
 //!   vs in system shared memory regions the client created (the client still reads its output
 //!   back), at concurrency 1 and 8.
 //!
+//! - `trace`: `add_sub` over HTTP with tracing off vs every request traced (`trace_rate 1`,
+//!   written every 1000 traces), same server, settings switched between runs, at
+//!   concurrency 1 and 8, three alternating rounds.
+//!
 //! - `soak` (not in the default set): the release `wisp` in its own process under mixed good,
 //!   bad and slow traffic with periodic reloads for `--soak-minutes`; RSS, p50 and p99 per
 //!   minute (see `soak.rs`).
@@ -1119,6 +1123,76 @@ fn pipelines_suite(
     Ok(())
 }
 
+fn trace_suite(
+    args: &Args,
+    rt: &tokio::runtime::Runtime,
+    engine: OnnxEngine,
+) -> anyhow::Result<()> {
+    println!("## trace: add_sub over HTTP binary, tracing off vs trace_rate 1\n");
+    let out = tempfile::tempdir()?;
+    let mut settings = Settings::for_repository(workspace_root().join("tests/fixtures/repo"));
+    settings.http_address = "127.0.0.1".parse()?;
+    settings.http_port = 0;
+    settings.metrics_port = 0;
+    settings.grpc_port = 0;
+    settings.onnx_engine = engine;
+    settings.log_info = false;
+    settings.trace_config = vec![
+        format!("triton,file={}", out.path().join("trace.json").display()),
+        "level=OFF".into(),
+        "rate=1".into(),
+        "log-frequency=1000".into(),
+    ];
+    let server = rt
+        .block_on(Server::start(settings))
+        .context("server start")?;
+    let addr = server.http_addr();
+    let m = models()
+        .into_iter()
+        .find(|m| m.name == "add_sub")
+        .expect("add_sub");
+    println!("| concurrency | round | off req/s | off p50 µs | traced req/s | traced p50 µs | traced/off |");
+    println!("|---|---|---|---|---|---|---|");
+    let set_level = |level: &'static str| async move {
+        let mut c = Client::connect(addr).await?;
+        let r = c
+            .post_json(
+                "/v2/trace/setting",
+                &serde_json::json!({"trace_level": [level]}),
+            )
+            .await?;
+        anyhow::ensure!(r.status == 200, "{}", String::from_utf8_lossy(&r.body));
+        Ok::<_, anyhow::Error>(())
+    };
+    let mut ratios = Vec::new();
+    for conc in [1usize, 8] {
+        for round in 1..=3 {
+            rt.block_on(set_level("OFF"))?;
+            let off = rt.block_on(over_http(addr, &m, conc, args.seconds, args.max_requests))?;
+            rt.block_on(set_level("TIMESTAMPS"))?;
+            let on = rt.block_on(over_http(addr, &m, conc, args.seconds, args.max_requests))?;
+            ratios.push(on.rps / off.rps);
+            println!(
+                "| {conc} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} |",
+                off.rps,
+                us(off.p50),
+                on.rps,
+                us(on.p50),
+                on.rps / off.rps
+            );
+        }
+    }
+    rt.block_on(set_level("OFF"))?;
+    rt.block_on(server.shutdown())?;
+    let written = std::fs::read_dir(out.path())?.count();
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "\nmedian traced/off throughput {:.3}; {written} trace files written\n",
+        ratios[ratios.len() / 2]
+    );
+    Ok(())
+}
+
 /// Bytes of the shm suite's input (and output).
 const SHM_BYTES: usize = 4 << 20;
 
@@ -1475,10 +1549,11 @@ fn main() -> anyhow::Result<()> {
             "pipelines" => pipelines_suite(&args, &rt, engine)?,
             "sequence" => sequence_suite(&args, &rt, engine)?,
             "shm" => shm_suite(&args, &rt, engine)?,
+            "trace" => trace_suite(&args, &rt, engine)?,
             "soak" => soak::soak(&rt, args.soak_minutes)?,
             other => {
                 anyhow::bail!(
-                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines, sequence, shm, soak)"
+                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines, sequence, shm, trace, soak)"
                 )
             }
         }
