@@ -227,16 +227,46 @@ struct State {
 #[derive(Default)]
 pub struct TraceControl {
     state: Mutex<State>,
+    /// Whether any setting could trace a request: when not, requests skip the lock.
+    armed: std::sync::atomic::AtomicBool,
 }
 
 impl TraceControl {
     /// Tracing with `global` settings (from `--trace-config`).
     pub fn new(global: TraceSettings) -> Self {
+        let armed = global.enabled();
         TraceControl {
             state: Mutex::new(State {
                 global,
                 ..Default::default()
             }),
+            armed: armed.into(),
+        }
+    }
+
+    /// Re-arms the fast path after a settings change.
+    fn rearm(&self, state: &State) {
+        let armed = state.global.enabled()
+            || state
+                .models
+                .keys()
+                .any(|m| Self::effective(state, Some(m)).enabled());
+        self.armed
+            .store(armed, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// What sampling needs of `model`'s settings, without copying them: (enabled, rate,
+    /// count).
+    fn sampling(state: &State, model: &str) -> (bool, u64, i64) {
+        match state.models.get(model) {
+            None => {
+                let g = &state.global;
+                (g.enabled(), g.rate, g.count)
+            }
+            Some(_) => {
+                let s = Self::effective(state, Some(model));
+                (s.enabled(), s.rate, s.count)
+            }
         }
     }
 
@@ -281,7 +311,7 @@ impl TraceControl {
                 }
             }
         }
-        self.write(&mut state);
+        let pending = Self::take_pending(&mut state);
         match model {
             None => {
                 state.global = global;
@@ -292,22 +322,32 @@ impl TraceControl {
                 state.counters.remove(m);
             }
         }
-        Ok(Self::effective(&state, model))
+        self.rearm(&state);
+        let settings = Self::effective(&state, model);
+        drop(state);
+        write_pending(pending);
+        Ok(settings)
     }
 
     /// Whether to trace the next request to `model`: `None`, or its trace.
     pub fn sample(&self, model: &str, version: u64) -> Option<Arc<Trace>> {
-        let mut state = self.state.lock().expect("trace lock");
-        let s = Self::effective(&state, Some(model));
-        if !s.enabled() {
+        if !self.armed.load(std::sync::atomic::Ordering::Relaxed) {
             return None;
         }
-        let (seen, left) = state
-            .counters
-            .entry(model.to_string())
-            .or_insert((0, s.count));
+        let mut state = self.state.lock().expect("trace lock");
+        let (enabled, rate, count) = Self::sampling(&state, model);
+        if !enabled {
+            return None;
+        }
+        let (seen, left) = match state.counters.get_mut(model) {
+            Some(c) => c,
+            None => state
+                .counters
+                .entry(model.to_string())
+                .or_insert((0, count)),
+        };
         *seen += 1;
-        if *left == 0 || *seen % s.rate != 0 {
+        if *left == 0 || *seen % rate != 0 {
             return None;
         }
         if *left > 0 {
@@ -318,35 +358,38 @@ impl TraceControl {
 
     /// Keeps a finished trace; writes the file when `log_frequency` traces are waiting.
     pub fn finish(&self, trace: &Arc<Trace>) {
+        let objects = trace.to_json();
         let mut state = self.state.lock().expect("trace lock");
         if state.traces >= MAX_BUFFERED_TRACES {
             state.dropped += 1;
             return;
         }
-        let objects = trace.to_json();
         state.buffer.extend(objects);
         state.traces += 1;
-        let frequency = Self::effective(&state, Some(&trace.model)).log_frequency;
+        let frequency = state.global.log_frequency;
         if frequency > 0 && state.traces as u64 >= frequency {
-            self.write(&mut state);
+            let pending = Self::take_pending(&mut state);
+            drop(state);
+            write_pending(pending);
         }
     }
 
     /// Writes whatever traces are waiting (at shutdown).
     pub fn flush(&self) {
-        let mut state = self.state.lock().expect("trace lock");
-        self.write(&mut state);
+        let pending = Self::take_pending(&mut self.state.lock().expect("trace lock"));
+        write_pending(pending);
     }
 
-    fn write(&self, state: &mut State) {
+    /// Takes the waiting traces and the file they go to (written outside the lock).
+    fn take_pending(state: &mut State) -> Option<(String, Vec<Value>)> {
         if state.buffer.is_empty() {
-            return;
+            return None;
         }
         let file = state.global.file.clone();
         if file.is_empty() {
             state.buffer.clear();
             state.traces = 0;
-            return;
+            return None;
         }
         let path = if state.global.log_frequency > 0 {
             state.index += 1;
@@ -359,11 +402,6 @@ impl TraceControl {
                 format!("{file}.{}", state.flushes - 1)
             }
         };
-        let body = serde_json::to_vec(&Value::Array(std::mem::take(&mut state.buffer)))
-            .expect("JSON values serialize");
-        if let Err(e) = std::fs::write(&path, body) {
-            tracing::error!(path, error = %e, "cannot write the trace file");
-        }
         if state.dropped > 0 {
             tracing::warn!(
                 dropped = state.dropped,
@@ -372,6 +410,18 @@ impl TraceControl {
             state.dropped = 0;
         }
         state.traces = 0;
+        Some((path, std::mem::take(&mut state.buffer)))
+    }
+}
+
+/// Writes one trace file: a JSON array of Triton's trace objects.
+fn write_pending(pending: Option<(String, Vec<Value>)>) {
+    let Some((path, objects)) = pending else {
+        return;
+    };
+    let body = serde_json::to_vec(&Value::Array(objects)).expect("JSON values serialize");
+    if let Err(e) = std::fs::write(&path, body) {
+        tracing::error!(path, error = %e, "cannot write the trace file");
     }
 }
 
