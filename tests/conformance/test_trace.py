@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -53,6 +54,17 @@ def traces(trace_file):
     return heads, stamps
 
 
+def traces_after(trace_file, before, want):
+    """Polls the trace files (a writer thread writes them) until `want(heads)` holds."""
+    deadline = time.time() + 10
+    while True:
+        heads, stamps = traces(trace_file)
+        fresh = {i: h for i, h in heads.items() if i not in before}
+        if want(fresh) or time.time() > deadline:
+            return fresh, stamps
+        time.sleep(0.05)
+
+
 def infer(model, url):
     c = httpclient.InferenceServerClient(url=url)
     a = np.ones((1, 16), dtype=np.float32)
@@ -92,8 +104,9 @@ def test_settings_over_http_and_grpc(traced):
 def test_a_request_is_traced_in_tritons_format(traced):
     before, _ = traces(traced["trace_file"])
     infer("add_sub", traced["url"])
-    heads, stamps = traces(traced["trace_file"])
-    new = [i for i in heads if i not in before and heads[i]["model_name"] == "add_sub"]
+    heads, stamps = traces_after(traced["trace_file"], before,
+                                 lambda h: any(v["model_name"] == "add_sub" for v in h.values()))
+    new = [i for i in heads if heads[i]["model_name"] == "add_sub"]
     assert len(new) == 1, heads
     names = stamps[new[0]]
     assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END", names
@@ -104,8 +117,9 @@ def test_a_request_is_traced_in_tritons_format(traced):
 def test_an_ensemble_traces_each_step_as_a_child(traced):
     before, _ = traces(traced["trace_file"])
     infer("pipeline", traced["url"])
-    heads, stamps = traces(traced["trace_file"])
-    parents = [i for i in heads if i not in before and heads[i]["model_name"] == "pipeline"]
+    heads, stamps = traces_after(traced["trace_file"], before,
+                                 lambda h: any(v["model_name"] == "pipeline" for v in h.values()))
+    parents = [i for i in heads if heads[i]["model_name"] == "pipeline"]
     assert len(parents) == 1
     children = [i for i in heads if heads[i].get("parent_id") == parents[0]]
     assert len(children) == 1 and heads[children[0]]["model_name"] == "add_sub"

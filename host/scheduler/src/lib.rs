@@ -95,6 +95,9 @@ struct Shared {
     stats: Arc<ModelStats>,
     ordered: Mutex<Ordered>,
     observer: Option<Observer>,
+    /// For jobs pinned to instances (sequences): how many requests each instance can be sent
+    /// at most at once. A batch that holds that many goes at once: no other can arrive.
+    demand: std::sync::OnceLock<Arc<Vec<AtomicUsize>>>,
 }
 
 /// A model version's queue and its instance threads.
@@ -147,6 +150,7 @@ impl Scheduler {
             stats: Arc::new(ModelStats::default()),
             ordered: Mutex::new(Ordered::default()),
             observer,
+            demand: std::sync::OnceLock::new(),
         });
         let s = Scheduler {
             shared,
@@ -180,6 +184,13 @@ impl Scheduler {
         self.instances.fetch_sub(n, Ordering::SeqCst);
         self.shared.state.lock().expect("scheduler lock").retiring += n;
         self.shared.ready.notify_all();
+    }
+
+    /// Tells the batcher how many requests can be pending for each instance at most (the
+    /// sequences holding its slots, one request each): a batch of that many is sent without
+    /// waiting out the queue delay. Set once; later calls are ignored.
+    pub fn set_instance_demand(&self, demand: Arc<Vec<AtomicUsize>>) {
+        let _ = self.shared.demand.set(demand);
     }
 
     /// Instances serving this queue.
@@ -379,9 +390,14 @@ impl Shared {
                 .min();
             return Next::Wait(earliest);
         }
+        let all_that_can_come = self.demand.get().is_some_and(|d| {
+            d.get(me)
+                .is_some_and(|n| picked.len() >= n.load(Ordering::Relaxed))
+        });
         let send_all = !p.dynamic
             || state.stopping
             || blocked
+            || all_that_can_come
             || rows >= p.max_batch_size
             || p.max_queue_delay.is_zero();
         if !send_all {

@@ -16,6 +16,7 @@
 //!   lists them as outputs.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
@@ -76,6 +77,8 @@ pub struct Sequencer {
     public_outputs: Vec<String>,
     scheduler: Weak<Scheduler>,
     inner: Mutex<Inner>,
+    /// Slots in use per instance, as the scheduler's batcher reads them.
+    demand: Arc<Vec<AtomicUsize>>,
 }
 
 impl Sequencer {
@@ -106,7 +109,11 @@ impl Sequencer {
             .slots_per_instance(max_batch_size)
             .min(MAX_SEQUENCES.div_ceil(instances))
             .min((by_state / instances).max(1));
+        let demand: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..instances).map(|_| AtomicUsize::new(0)).collect());
+        scheduler.set_instance_demand(demand.clone());
         Arc::new(Sequencer {
+            demand,
             model: model.to_string(),
             slots,
             spec,
@@ -210,6 +217,7 @@ impl Sequencer {
         match free {
             Some(i) => {
                 inner.used[i] += 1;
+                self.demand[i].store(inner.used[i], Ordering::Relaxed);
                 if let Some(s) = inner.live.get_mut(id) {
                     s.instance = Some(i);
                 }
@@ -245,6 +253,7 @@ impl Sequencer {
                 break;
             }
         }
+        self.demand[i].store(inner.used[i], Ordering::Relaxed);
     }
 
     /// Releases the sequences idle for longer than `max_sequence_idle_microseconds` (checked

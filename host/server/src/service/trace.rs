@@ -214,13 +214,27 @@ struct State {
     models: HashMap<String, Map<String, Value>>,
     /// Requests seen, and traces left, per model (reset when its settings change).
     counters: HashMap<String, (u64, i64)>,
-    buffer: Vec<Value>,
-    traces: usize,
-    dropped: usize,
+}
+
+/// What the writer thread is told.
+enum Msg {
+    /// A finished trace, with the file and log frequency in effect.
+    Trace(Arc<Trace>, String, u64),
+    /// Write what is waiting, then answer.
+    Flush(std::sync::mpsc::SyncSender<()>),
+}
+
+/// Traces waiting to be written, kept by the writer thread.
+#[derive(Default)]
+struct Pending {
+    traces: Vec<Arc<Trace>>,
+    /// The file they go to.
+    file: String,
     /// The next `{file}.{index}`.
     index: u64,
-    /// Writes of the buffer so far with log_frequency 0.
+    /// Writes so far with log_frequency 0.
     flushes: u64,
+    log_frequency: u64,
 }
 
 /// The server's trace settings and the traces waiting to be written.
@@ -229,6 +243,11 @@ pub struct TraceControl {
     state: Mutex<State>,
     /// Whether any setting could trace a request: when not, requests skip the lock.
     armed: std::sync::atomic::AtomicBool,
+    /// The writer thread's queue, started with the first finished trace: building the JSON and
+    /// writing files happen there, off the request path.
+    writer: Mutex<Option<std::sync::mpsc::SyncSender<Msg>>>,
+    /// Traces dropped because the writer's queue was full.
+    dropped: std::sync::atomic::AtomicUsize,
 }
 
 impl TraceControl {
@@ -241,6 +260,8 @@ impl TraceControl {
                 ..Default::default()
             }),
             armed: armed.into(),
+            writer: Mutex::new(None),
+            dropped: Default::default(),
         }
     }
 
@@ -311,7 +332,6 @@ impl TraceControl {
                 }
             }
         }
-        let pending = Self::take_pending(&mut state);
         match model {
             None => {
                 state.global = global;
@@ -325,7 +345,8 @@ impl TraceControl {
         self.rearm(&state);
         let settings = Self::effective(&state, model);
         drop(state);
-        write_pending(pending);
+        // Triton writes the waiting traces when settings change.
+        self.flush();
         Ok(settings)
     }
 
@@ -356,69 +377,106 @@ impl TraceControl {
         Some(Trace::new(model, version))
     }
 
-    /// Keeps a finished trace; writes the file when `log_frequency` traces are waiting.
+    /// Hands a finished trace to the writer thread, which writes the file every
+    /// `log_frequency` traces. When the writer is behind by [`MAX_BUFFERED_TRACES`], the trace
+    /// is dropped (and counted in the log).
     pub fn finish(&self, trace: &Arc<Trace>) {
-        let objects = trace.to_json();
-        let mut state = self.state.lock().expect("trace lock");
-        if state.traces >= MAX_BUFFERED_TRACES {
-            state.dropped += 1;
-            return;
-        }
-        state.buffer.extend(objects);
-        state.traces += 1;
-        let frequency = state.global.log_frequency;
-        if frequency > 0 && state.traces as u64 >= frequency {
-            let pending = Self::take_pending(&mut state);
-            drop(state);
-            write_pending(pending);
-        }
-    }
-
-    /// Writes whatever traces are waiting (at shutdown).
-    pub fn flush(&self) {
-        let pending = Self::take_pending(&mut self.state.lock().expect("trace lock"));
-        write_pending(pending);
-    }
-
-    /// Takes the waiting traces and the file they go to (written outside the lock).
-    fn take_pending(state: &mut State) -> Option<(String, Vec<Value>)> {
-        if state.buffer.is_empty() {
-            return None;
-        }
-        let file = state.global.file.clone();
-        if file.is_empty() {
-            state.buffer.clear();
-            state.traces = 0;
-            return None;
-        }
-        let path = if state.global.log_frequency > 0 {
-            state.index += 1;
-            format!("{file}.{}", state.index - 1)
-        } else {
-            state.flushes += 1;
-            if state.flushes == 1 {
-                file
-            } else {
-                format!("{file}.{}", state.flushes - 1)
-            }
+        let (file, frequency) = {
+            let state = self.state.lock().expect("trace lock");
+            (state.global.file.clone(), state.global.log_frequency)
         };
-        if state.dropped > 0 {
-            tracing::warn!(
-                dropped = state.dropped,
-                "traces dropped: more than {MAX_BUFFERED_TRACES} waited to be written"
-            );
-            state.dropped = 0;
+        let sent = self
+            .sender()
+            .try_send(Msg::Trace(trace.clone(), file, frequency));
+        if sent.is_err() {
+            self.dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        state.traces = 0;
-        Some((path, std::mem::take(&mut state.buffer)))
+    }
+
+    /// Writes whatever traces are waiting, and returns once they are written (at shutdown and
+    /// on a settings change).
+    pub fn flush(&self) {
+        let Some(tx) = self.writer.lock().expect("trace writer").clone() else {
+            return;
+        };
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        if tx.send(Msg::Flush(done)).is_ok() {
+            let _ = wait.recv_timeout(std::time::Duration::from_secs(30));
+        }
+    }
+
+    fn sender(&self) -> std::sync::mpsc::SyncSender<Msg> {
+        let mut writer = self.writer.lock().expect("trace writer");
+        if let Some(tx) = writer.as_ref() {
+            return tx.clone();
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(MAX_BUFFERED_TRACES);
+        let spawned = std::thread::Builder::new()
+            .name("wisp-trace-writer".into())
+            .spawn(move || write_loop(rx));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the trace writer");
+        }
+        *writer = Some(tx.clone());
+        tx
     }
 }
 
-/// Writes one trace file: a JSON array of Triton's trace objects.
-fn write_pending(pending: Option<(String, Vec<Value>)>) {
-    let Some((path, objects)) = pending else {
+impl Drop for TraceControl {
+    fn drop(&mut self) {
+        let dropped = self.dropped.load(std::sync::atomic::Ordering::Relaxed);
+        if dropped > 0 {
+            tracing::warn!(dropped, "traces dropped: the trace writer fell behind");
+        }
+    }
+}
+
+/// The writer thread: keeps traces, writes a file every `log_frequency` of them or when told.
+fn write_loop(rx: std::sync::mpsc::Receiver<Msg>) {
+    let mut pending = Pending::default();
+    while let Ok(msg) = rx.recv() {
+        match msg {
+            Msg::Trace(trace, file, frequency) => {
+                if file != pending.file && !pending.traces.is_empty() {
+                    write_pending(&mut pending);
+                }
+                pending.file = file;
+                pending.log_frequency = frequency;
+                if pending.traces.len() < MAX_BUFFERED_TRACES {
+                    pending.traces.push(trace);
+                }
+                if frequency > 0 && pending.traces.len() as u64 >= frequency {
+                    write_pending(&mut pending);
+                }
+            }
+            Msg::Flush(done) => {
+                write_pending(&mut pending);
+                let _ = done.send(());
+            }
+        }
+    }
+    write_pending(&mut pending);
+}
+
+/// Writes the waiting traces as one file: a JSON array of Triton's trace objects.
+fn write_pending(p: &mut Pending) {
+    if p.traces.is_empty() || p.file.is_empty() {
+        p.traces.clear();
         return;
+    }
+    let path = if p.log_frequency > 0 {
+        p.index += 1;
+        format!("{}.{}", p.file, p.index - 1)
+    } else {
+        p.flushes += 1;
+        if p.flushes == 1 {
+            p.file.clone()
+        } else {
+            format!("{}.{}", p.file, p.flushes - 1)
+        }
     };
+    let objects: Vec<Value> = p.traces.drain(..).flat_map(|t| t.to_json()).collect();
     let body = serde_json::to_vec(&Value::Array(objects)).expect("JSON values serialize");
     if let Err(e) = std::fs::write(&path, body) {
         tracing::error!(path, error = %e, "cannot write the trace file");
@@ -496,6 +554,7 @@ mod tests {
             tr.mark("REQUEST_END");
             t.finish(&tr);
         }
+        t.flush();
         for i in 0..2 {
             let text = std::fs::read_to_string(format!("{file}.{i}")).unwrap();
             let v: Value = serde_json::from_str(&text).unwrap();
