@@ -476,8 +476,15 @@ fn write_pending(p: &mut Pending) {
             format!("{}.{}", p.file, p.flushes - 1)
         }
     };
-    let objects: Vec<Value> = p.traces.drain(..).flat_map(|t| t.to_json()).collect();
-    let body = serde_json::to_vec(&Value::Array(objects)).expect("JSON values serialize");
+    let mut body = Vec::with_capacity(p.traces.len() * 512 + 2);
+    body.push(b'[');
+    for (n, t) in p.traces.drain(..).enumerate() {
+        if n > 0 {
+            body.push(b',');
+        }
+        t.write_json(&mut body);
+    }
+    body.push(b']');
     if let Err(e) = std::fs::write(&path, body) {
         tracing::error!(path, error = %e, "cannot write the trace file");
     }
