@@ -239,6 +239,16 @@ fn start_server(
     repo: &Path,
     engine: OnnxEngine,
 ) -> anyhow::Result<Server> {
+    start_server_with(rt, repo, engine, |_| {})
+}
+
+/// [`start_server`] with `tweak` applied to the settings first.
+fn start_server_with(
+    rt: &tokio::runtime::Runtime,
+    repo: &Path,
+    engine: OnnxEngine,
+    tweak: impl FnOnce(&mut Settings),
+) -> anyhow::Result<Server> {
     let mut settings = Settings::for_repository(repo);
     settings.http_address = "127.0.0.1".parse()?;
     settings.http_port = 0;
@@ -246,6 +256,7 @@ fn start_server(
     settings.grpc_port = 0;
     settings.onnx_engine = engine;
     settings.log_info = false;
+    tweak(&mut settings);
     rt.block_on(Server::start(settings)).context("server start")
 }
 
@@ -567,16 +578,10 @@ fn swap_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
             &workspace_root().join("tests/fixtures/repo/add_sub"),
             &dir.path().join("add_sub"),
         )?;
-        let mut settings = Settings::for_repository(dir.path());
-        settings.http_address = "127.0.0.1".parse()?;
-        settings.http_port = 0;
-        settings.metrics_port = 0;
-        settings.grpc_port = 0;
-        settings.onnx_engine = engine;
-        settings.log_info = false;
-        settings.model_control_mode = wisp_server::settings::ControlMode::Explicit;
-        settings.load_model = vec!["*".into()];
-        let server = rt.block_on(Server::start(settings))?;
+        let server = start_server_with(rt, dir.path(), engine, |s| {
+            s.model_control_mode = wisp_server::settings::ControlMode::Explicit;
+            s.load_model = vec!["*".into()];
+        })?;
         let (gap, n) = rt.block_on(longest_gap(
             server.http_addr(),
             dir.path(),
@@ -1130,22 +1135,20 @@ fn trace_suite(
 ) -> anyhow::Result<()> {
     println!("## trace: add_sub over HTTP binary, tracing off vs trace_rate 1\n");
     let out = tempfile::tempdir()?;
-    let mut settings = Settings::for_repository(workspace_root().join("tests/fixtures/repo"));
-    settings.http_address = "127.0.0.1".parse()?;
-    settings.http_port = 0;
-    settings.metrics_port = 0;
-    settings.grpc_port = 0;
-    settings.onnx_engine = engine;
-    settings.log_info = false;
-    settings.trace_config = vec![
-        format!("triton,file={}", out.path().join("trace.json").display()),
-        "level=OFF".into(),
-        "rate=1".into(),
-        "log-frequency=1000".into(),
-    ];
-    let server = rt
-        .block_on(Server::start(settings))
-        .context("server start")?;
+    let file = out.path().join("trace.json");
+    let server = start_server_with(
+        rt,
+        &workspace_root().join("tests/fixtures/repo"),
+        engine,
+        |s| {
+            s.trace_config = vec![
+                format!("triton,file={}", file.display()),
+                "level=OFF".into(),
+                "rate=1".into(),
+                "log-frequency=1000".into(),
+            ];
+        },
+    )?;
     let addr = server.http_addr();
     let m = models()
         .into_iter()
