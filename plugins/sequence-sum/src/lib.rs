@@ -6,15 +6,18 @@
 //! (`CONTROL_SEQUENCE_CORRID`, `TYPE_UINT64`). Input `INPUT` (FP32, one value per request) →
 //! output `SUM` (FP32): the sum of the sequence's inputs so far. The host runs a sequence's
 //! requests in order on one instance, so each instance's map holds the sequences whose slots it
-//! owns; END forgets one, and `max_sequences` (default 1024) bounds the map.
+//! owns; END forgets one. `max_sequences` (default 1024) bounds the map: a sequence the server
+//! released as idle never sends END, so when the map is full a new START evicts the oldest.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use wisp_sdk::{Error, Params, Plugin, Request, Response, Tensor};
 
 /// Running totals by correlation ID.
 pub struct SequenceSum {
     totals: HashMap<u64, f32>,
+    /// Started sequences, oldest first (ended ones are skipped lazily).
+    order: VecDeque<u64>,
     max_sequences: usize,
 }
 
@@ -24,9 +27,14 @@ fn flag(request: &Request, name: &str) -> Result<bool, Error> {
 
 impl Plugin for SequenceSum {
     fn init(params: &Params) -> Result<Self, Error> {
+        let max_sequences = params.parse_or("max_sequences", 1024usize)?;
+        if max_sequences == 0 {
+            return Err(Error::invalid("max_sequences must be at least 1"));
+        }
         Ok(SequenceSum {
             totals: HashMap::new(),
-            max_sequences: params.parse_or("max_sequences", 1024usize)?,
+            order: VecDeque::new(),
+            max_sequences,
         })
     }
 
@@ -40,13 +48,22 @@ impl Plugin for SequenceSum {
         let input = request.input("INPUT")?;
         let value: f32 = input.to_f32()?.iter().sum();
         if flag(request, "START")? {
-            if !self.totals.contains_key(&id) && self.totals.len() >= self.max_sequences {
-                return Err(Error::unavailable(format!(
-                    "sequence-sum holds {} sequences already",
-                    self.max_sequences
-                )));
+            if !self.totals.contains_key(&id) {
+                while self.totals.len() >= self.max_sequences {
+                    match self.order.pop_front() {
+                        Some(oldest) => {
+                            self.totals.remove(&oldest);
+                        }
+                        None => break,
+                    }
+                }
+                self.order.push_back(id);
             }
             self.totals.insert(id, 0.0);
+            if self.order.len() > 2 * self.max_sequences {
+                let live = &self.totals;
+                self.order.retain(|i| live.contains_key(i));
+            }
         }
         let total = self.totals.get_mut(&id).ok_or_else(|| {
             Error::invalid(format!("sequence {id} was not started on this instance"))
@@ -104,11 +121,21 @@ mod tests {
     }
 
     #[test]
-    fn the_number_of_sequences_is_bounded() {
-        let mut p = SequenceSum::init(&Params::from_pairs(&[("max_sequences", "1")])).unwrap();
+    fn a_full_map_evicts_the_oldest_sequence() {
+        let mut p = SequenceSum::init(&Params::from_pairs(&[("max_sequences", "2")])).unwrap();
         sum(&mut p, request(1, 1.0, true, false));
-        assert!(p.execute(&request(2, 1.0, true, false)).is_err());
-        // restarting a live sequence is fine
+        sum(&mut p, request(2, 1.0, true, false));
+        // restarting a live sequence takes no new room
         assert_eq!(sum(&mut p, request(1, 4.0, true, false)), 4.0);
+        assert_eq!(sum(&mut p, request(3, 1.0, true, false)), 1.0);
+        assert!(
+            p.execute(&request(1, 1.0, false, false)).is_err(),
+            "1 was evicted"
+        );
+        assert_eq!(sum(&mut p, request(2, 1.0, false, false)), 2.0);
+        for id in 10..1000 {
+            sum(&mut p, request(id, 1.0, true, true));
+        }
+        assert!(p.totals.len() <= 2 && p.order.len() <= 4, "bounded");
     }
 }
