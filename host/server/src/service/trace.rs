@@ -19,6 +19,9 @@ use wisp_core::{Error, Result};
 /// counted in the log) until the next write.
 pub const MAX_BUFFERED_TRACES: usize = 100_000;
 
+/// Finished traces handed to the writer thread at once (fewer when `log_frequency` is lower).
+const HAND_OVER: usize = 256;
+
 /// The trace settings in effect for the server or for one model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceSettings {
@@ -218,8 +221,8 @@ struct State {
 
 /// What the writer thread is told.
 enum Msg {
-    /// A finished trace, with the file and log frequency in effect.
-    Trace(Arc<Trace>, String, u64),
+    /// Finished traces, with the file and log frequency in effect.
+    Traces(Vec<Arc<Trace>>, String, u64),
     /// Write what is waiting, then answer.
     Flush(std::sync::mpsc::SyncSender<()>),
 }
@@ -248,6 +251,9 @@ pub struct TraceControl {
     writer: Mutex<Option<std::sync::mpsc::SyncSender<Msg>>>,
     /// Traces dropped because the writer's queue was full.
     dropped: std::sync::atomic::AtomicUsize,
+    /// Finished traces not yet handed to the writer: they go in batches, so the writer thread
+    /// wakes once per batch rather than once per request.
+    batch: Mutex<Vec<Arc<Trace>>>,
 }
 
 impl TraceControl {
@@ -262,6 +268,7 @@ impl TraceControl {
             armed: armed.into(),
             writer: Mutex::new(None),
             dropped: Default::default(),
+            batch: Mutex::new(Vec::new()),
         }
     }
 
@@ -385,18 +392,49 @@ impl TraceControl {
             let state = self.state.lock().expect("trace lock");
             (state.global.file.clone(), state.global.log_frequency)
         };
-        let sent = self
+        let full = {
+            let mut batch = self.batch.lock().expect("trace batch");
+            if batch.len() >= MAX_BUFFERED_TRACES {
+                self.dropped
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
+            batch.push(trace.clone());
+            let hand_over = if frequency > 0 {
+                frequency.min(HAND_OVER as u64) as usize
+            } else {
+                HAND_OVER
+            };
+            (batch.len() >= hand_over).then(|| std::mem::take(&mut *batch))
+        };
+        if let Some(traces) = full {
+            self.hand_over(traces, file, frequency);
+        }
+    }
+
+    fn hand_over(&self, traces: Vec<Arc<Trace>>, file: String, frequency: u64) {
+        let n = traces.len();
+        if self
             .sender()
-            .try_send(Msg::Trace(trace.clone(), file, frequency));
-        if sent.is_err() {
+            .try_send(Msg::Traces(traces, file, frequency))
+            .is_err()
+        {
             self.dropped
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
     /// Writes whatever traces are waiting, and returns once they are written (at shutdown and
     /// on a settings change).
     pub fn flush(&self) {
+        let traces = std::mem::take(&mut *self.batch.lock().expect("trace batch"));
+        if !traces.is_empty() {
+            let (file, frequency) = {
+                let state = self.state.lock().expect("trace lock");
+                (state.global.file.clone(), state.global.log_frequency)
+            };
+            self.hand_over(traces, file, frequency);
+        }
         let Some(tx) = self.writer.lock().expect("trace writer").clone() else {
             return;
         };
@@ -411,7 +449,7 @@ impl TraceControl {
         if let Some(tx) = writer.as_ref() {
             return tx.clone();
         }
-        let (tx, rx) = std::sync::mpsc::sync_channel(MAX_BUFFERED_TRACES);
+        let (tx, rx) = std::sync::mpsc::sync_channel(MAX_BUFFERED_TRACES / HAND_OVER);
         let spawned = std::thread::Builder::new()
             .name("wisp-trace-writer".into())
             .spawn(move || write_loop(rx));
@@ -437,17 +475,19 @@ fn write_loop(rx: std::sync::mpsc::Receiver<Msg>) {
     let mut pending = Pending::default();
     while let Ok(msg) = rx.recv() {
         match msg {
-            Msg::Trace(trace, file, frequency) => {
+            Msg::Traces(traces, file, frequency) => {
                 if file != pending.file && !pending.traces.is_empty() {
                     write_pending(&mut pending);
                 }
                 pending.file = file;
                 pending.log_frequency = frequency;
-                if pending.traces.len() < MAX_BUFFERED_TRACES {
-                    pending.traces.push(trace);
-                }
-                if frequency > 0 && pending.traces.len() as u64 >= frequency {
-                    write_pending(&mut pending);
+                for trace in traces {
+                    if pending.traces.len() < MAX_BUFFERED_TRACES {
+                        pending.traces.push(trace);
+                    }
+                    if frequency > 0 && pending.traces.len() as u64 >= frequency {
+                        write_pending(&mut pending);
+                    }
                 }
             }
             Msg::Flush(done) => {
