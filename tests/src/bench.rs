@@ -90,7 +90,12 @@ struct Stats {
 
 fn stats(mut lat: Vec<Duration>, wall: Duration) -> Stats {
     lat.sort_unstable();
-    let pick = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    // (no request measured: zeros, not a panic)
+    let pick = |q: f64| {
+        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
     Stats {
         rps: lat.len() as f64 / wall.as_secs_f64(),
         p50: pick(0.5),
@@ -220,8 +225,14 @@ async fn over_http(
             Ok::<_, anyhow::Error>((lat, start.elapsed()))
         }));
     }
-    let mut all = Vec::new();
-    let mut wall = Duration::ZERO;
+    gather(tasks).await
+}
+
+/// Client tasks' latencies and measured times, merged: the wall time is the longest task's.
+type ClientTask = tokio::task::JoinHandle<anyhow::Result<(Vec<Duration>, Duration)>>;
+
+async fn gather(tasks: Vec<ClientTask>) -> anyhow::Result<Stats> {
+    let (mut all, mut wall) = (Vec::new(), Duration::ZERO);
     for t in tasks {
         let (lat, w) = t.await??;
         all.extend(lat);
@@ -452,14 +463,7 @@ async fn over_grpc(
             Ok::<_, anyhow::Error>((lat, start.elapsed()))
         }));
     }
-    let mut all = Vec::new();
-    let mut wall = Duration::ZERO;
-    for t in tasks {
-        let (lat, w) = t.await??;
-        all.extend(lat);
-        wall = wall.max(w);
-    }
-    Ok(stats(all, wall))
+    gather(tasks).await
 }
 
 fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> anyhow::Result<()> {
@@ -887,14 +891,7 @@ async fn client_side(
             Ok::<_, anyhow::Error>((lat, start.elapsed()))
         }));
     }
-    let mut all = Vec::new();
-    let mut wall = Duration::ZERO;
-    for t in tasks {
-        let (lat, w) = t.await??;
-        all.extend(lat);
-        wall = wall.max(w);
-    }
-    Ok(stats(all, wall))
+    gather(tasks).await
 }
 
 /// One pipeline of the demo repository: its steps alone and its pipeline forms.
@@ -1240,7 +1237,8 @@ async fn big_requests(
             let warm = Instant::now();
             let mut start = Instant::now();
             let mut measuring = false;
-            while start.elapsed().as_secs_f64() < secs && lat.len() < cap {
+            // (warm-up runs until it ends, however long one request takes)
+            while (!measuring || start.elapsed().as_secs_f64() < secs) && lat.len() < cap {
                 if !measuring && warm.elapsed().as_secs_f64() >= secs / 4.0 {
                     measuring = true;
                     start = Instant::now();
@@ -1265,13 +1263,7 @@ async fn big_requests(
             Ok::<_, anyhow::Error>((lat, start.elapsed()))
         }));
     }
-    let (mut all, mut wall) = (Vec::new(), Duration::ZERO);
-    for t in tasks {
-        let (lat, w) = t.await??;
-        all.extend(lat);
-        wall = wall.max(w);
-    }
-    Ok(stats(all, wall))
+    gather(tasks).await
 }
 
 fn shm_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> anyhow::Result<()> {
