@@ -187,3 +187,20 @@ def test_steps_no_requested_output_needs_are_not_run(ensembles):
     r = run(httpclient, c, "ens_branches", a, b)
     np.testing.assert_allclose(r.as_numpy("OUTPUT1"), a - b, rtol=1e-6)
     assert inference_count(c, "add_sub") > batching_before
+
+
+def compute_ns(client, name):
+    stats = client.get_inference_statistics(name)["model_stats"][0]["inference_stats"]
+    return {k: int(stats[k].get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output")}
+
+
+def test_the_ensembles_compute_statistics_are_its_steps(ensembles):
+    c = httpclient.InferenceServerClient(url=ensembles["url"])
+    a, b = pair(2)
+    ens_before, step_before = compute_ns(c, "ens_nn"), compute_ns(c, "add_sub_nobatch")
+    run(httpclient, c, "ens_nn", a, b)
+    ens_after, step_after = compute_ns(c, "ens_nn"), compute_ns(c, "add_sub_nobatch")
+    for k in ens_before:
+        step = step_after[k] - step_before[k]
+        assert ens_after[k] - ens_before[k] == step, (k, ens_before, ens_after, step)
+    assert step_after["compute_infer"] > step_before["compute_infer"]

@@ -356,7 +356,7 @@ impl Instance for OnnxInstance {
                 .map(|r| {
                     let rows = r.batch_size(self.spec.batches);
                     self.run_one(r.inputs.clone(), rows, timing)
-                        .map(|outputs| InferResponse { outputs })
+                        .map(InferResponse::new)
                         .map_err(|e| e.context(format!("model '{model}'")))
                 })
                 .collect();

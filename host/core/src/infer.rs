@@ -145,6 +145,19 @@ impl InferRequest {
 pub struct InferResponse {
     /// Output tensors.
     pub outputs: Vec<Tensor>,
+    /// Where the model's compute time went for the batch this request ran in, as its
+    /// statistics charge it (set by the scheduler; an ensemble adds its steps' up).
+    pub compute: Option<crate::backend::ExecTiming>,
+}
+
+impl InferResponse {
+    /// A response with `outputs`.
+    pub fn new(outputs: Vec<Tensor>) -> Self {
+        InferResponse {
+            outputs,
+            compute: None,
+        }
+    }
 }
 
 /// Checks a decoded request against its model's signature: every input known, given once, of

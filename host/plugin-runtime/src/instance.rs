@@ -290,7 +290,7 @@ impl WasmInstance {
                 )));
             }
         }
-        Ok(InferResponse { outputs })
+        Ok(InferResponse::new(outputs))
     }
 }
 

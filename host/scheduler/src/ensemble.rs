@@ -242,7 +242,7 @@ impl Run {
                 }
             }
         }
-        Progress::Done(Ok(InferResponse { outputs }))
+        Progress::Done(Ok(InferResponse::new(outputs)))
     }
 }
 
@@ -324,13 +324,12 @@ mod tests {
                 Err(Error::unavailable("model is not ready"))
             } else {
                 let sum: f32 = call.request.inputs.iter().map(value).sum();
-                Ok(InferResponse {
-                    outputs: s
-                        .outputs
+                Ok(InferResponse::new(
+                    s.outputs
                         .iter()
                         .map(|(o, _)| tensor(o, sum + call.step as f32 + 1.0))
                         .collect(),
-                })
+                ))
             };
             progress = run.complete(call.step, result);
         }

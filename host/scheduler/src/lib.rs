@@ -579,6 +579,10 @@ fn execute(shared: &Shared, instance: &mut dyn Instance, batch: Vec<Job>) {
             (0..n).map(|_| Err(e.clone())).collect()
         }
     };
+    let mut results = results;
+    for r in results.iter_mut().flatten() {
+        r.compute = Some(timing);
+    }
     let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
     if ok > 0 {
         shared.stats.record_execution(rows, ok, timing);

@@ -58,7 +58,7 @@ impl Instance for Gated {
         split_batch(&out, &sizes)
             .unwrap()
             .into_iter()
-            .map(|t| Ok(InferResponse { outputs: vec![t] }))
+            .map(|t| Ok(InferResponse::new(vec![t])))
             .collect()
     }
 }

@@ -150,11 +150,13 @@ mod tests {
     use wisp_core::{DataType, Tensor};
 
     fn resp(n: usize) -> Arc<InferResponse> {
-        Arc::new(InferResponse {
-            outputs: vec![
-                Tensor::new("y", DataType::Uint8, vec![n as i64], vec![0; n].into()).unwrap(),
-            ],
-        })
+        Arc::new(InferResponse::new(vec![Tensor::new(
+            "y",
+            DataType::Uint8,
+            vec![n as i64],
+            vec![0; n].into(),
+        )
+        .unwrap()]))
     }
 
     #[test]

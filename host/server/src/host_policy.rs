@@ -147,15 +147,13 @@ mod tests {
             batch
                 .iter()
                 .map(|_| {
-                    Ok(InferResponse {
-                        outputs: vec![wisp_core::Tensor::new(
-                            "cpus",
-                            wisp_core::DataType::Bytes,
-                            vec![1],
-                            wisp_core::tensor::encode_bytes_elements([cpus.as_bytes()]).into(),
-                        )
-                        .unwrap()],
-                    })
+                    Ok(InferResponse::new(vec![wisp_core::Tensor::new(
+                        "cpus",
+                        wisp_core::DataType::Bytes,
+                        vec![1],
+                        wisp_core::tensor::encode_bytes_elements([cpus.as_bytes()]).into(),
+                    )
+                    .unwrap()]))
                 })
                 .collect()
         }

@@ -53,21 +53,19 @@ impl Instance for Accumulator {
                     let t = input(r, from);
                     Tensor::new(name, t.datatype, t.shape.clone(), t.data.clone())
                 };
-                Ok(InferResponse {
-                    outputs: vec![
-                        f("OUTPUT", sum)?,
-                        f("STATE_OUT", sum)?,
-                        echo("CORRID_OUT", "CORRID")?,
-                        echo("START_OUT", "START")?,
-                        echo("END_OUT", "END")?,
-                        Tensor::new(
-                            "WHO",
-                            DataType::Uint64,
-                            shape.clone(),
-                            self.0.to_le_bytes().to_vec().into(),
-                        )?,
-                    ],
-                })
+                Ok(InferResponse::new(vec![
+                    f("OUTPUT", sum)?,
+                    f("STATE_OUT", sum)?,
+                    echo("CORRID_OUT", "CORRID")?,
+                    echo("START_OUT", "START")?,
+                    echo("END_OUT", "END")?,
+                    Tensor::new(
+                        "WHO",
+                        DataType::Uint64,
+                        shape.clone(),
+                        self.0.to_le_bytes().to_vec().into(),
+                    )?,
+                ]))
             })
             .collect()
     }

@@ -288,7 +288,7 @@ impl Instance for EnsembleInstance {
     fn execute(
         &mut self,
         batch: &[InferRequest],
-        _timing: &mut ExecTiming,
+        timing: &mut ExecTiming,
     ) -> Vec<Result<InferResponse>> {
         let (tx, rx) = mpsc::channel::<Completion>();
         let mut runs: Vec<Run> = Vec::with_capacity(batch.len());
@@ -296,6 +296,7 @@ impl Instance for EnsembleInstance {
         // Completions known without waiting (a step that could not even be queued).
         let mut immediate: VecDeque<Completion> = VecDeque::new();
         let mut open = batch.len();
+        let mut steps_compute = vec![ExecTiming::default(); batch.len()];
         let handle = |i: usize,
                       progress: Progress,
                       results: &mut Vec<Option<Result<InferResponse>>>,
@@ -352,9 +353,29 @@ impl Instance for EnsembleInstance {
                     Err(_) => break,
                 },
             };
+            if let Ok(c) = r.as_ref().map(|resp| resp.compute.unwrap_or_default()) {
+                steps_compute[i].input_ns += c.input_ns;
+                steps_compute[i].infer_ns += c.infer_ns;
+                steps_compute[i].output_ns += c.output_ns;
+            }
             let progress = runs[i].complete(step, r);
             handle(i, progress, &mut results, &mut immediate, &mut open);
         }
+        // The ensemble's compute is its steps' (as Triton reports it), averaged over the batch,
+        // since the statistics charge a batch's compute to each of its requests.
+        let n = batch.len().max(1) as u64;
+        let total = steps_compute
+            .iter()
+            .fold(ExecTiming::default(), |a, c| ExecTiming {
+                input_ns: a.input_ns + c.input_ns,
+                infer_ns: a.infer_ns + c.infer_ns,
+                output_ns: a.output_ns + c.output_ns,
+            });
+        *timing = ExecTiming {
+            input_ns: total.input_ns / n,
+            infer_ns: total.infer_ns / n,
+            output_ns: total.output_ns / n,
+        };
         results
             .into_iter()
             .map(|r| {

@@ -67,9 +67,12 @@ impl Instance for FakeInstance {
             .iter()
             .map(|_| {
                 let data = encode_bytes_elements([self.0.as_bytes()]);
-                Ok(InferResponse {
-                    outputs: vec![Tensor::new("TAG", DataType::Bytes, vec![1], data.into())?],
-                })
+                Ok(InferResponse::new(vec![Tensor::new(
+                    "TAG",
+                    DataType::Bytes,
+                    vec![1],
+                    data.into(),
+                )?]))
             })
             .collect()
     }
