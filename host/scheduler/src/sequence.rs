@@ -183,6 +183,9 @@ impl Sequencer {
             }
             let seq = inner.live.get_mut(&flags.id).expect("inserted above");
             if seq.queue.len() >= MAX_PENDING_PER_SEQUENCE {
+                drop(inner);
+                // the sweep may have given a freed slot to a waiting sequence: send its request
+                self.run(actions);
                 return Err(Error::unavailable(format!(
                     "sequence {} of model '{}' already has {MAX_PENDING_PER_SEQUENCE} requests waiting",
                     flags.id, self.model
