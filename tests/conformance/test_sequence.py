@@ -76,12 +76,19 @@ def test_a_grpc_stream_carries_a_sequence(seq):
     try:
         for n, v in enumerate([1.0, 2.0, 3.0]):
             c.async_stream_infer("accumulate_oldest", one(grpcclient, v), request_id=str(n),
-                                 sequence_id=77, sequence_start=n == 0, sequence_end=n == 2)
+                                 sequence_id=77, sequence_start=n == 0, sequence_end=n == 2,
+                                 enable_empty_final_response=True)
         sums = []
-        for _ in range(3):
+        for n in range(3):
             result, error = results.get(timeout=30)
             assert error is None, f"{error.status()} {error.message()}"
             sums.append(float(result.as_numpy("OUTPUT")[0][0]))
+            # each response carries its request's sequence flags, and is its request's last
+            p = result.get_response().parameters
+            assert p["sequence_id"].int64_param == 77
+            assert p["sequence_start"].bool_param == (n == 0)
+            assert p["sequence_end"].bool_param == (n == 2)
+            assert p["triton_final_response"].bool_param
         assert sums == [1.0, 3.0, 6.0]
     finally:
         c.stop_stream()

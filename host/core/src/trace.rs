@@ -10,6 +10,54 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Trace ids, unique in the process.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A W3C trace context a client sent (`traceparent: 00-<trace id>-<parent span id>-<flags>`):
+/// an OpenTelemetry export makes the request's spans children of that span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    /// The distributed trace's id (never all zero).
+    pub trace_id: [u8; 16],
+    /// The caller's span (never all zero).
+    pub span_id: [u8; 8],
+    /// The trace flags (bit 0: sampled).
+    pub flags: u8,
+}
+
+impl TraceParent {
+    /// Parses a `traceparent` header value. Version `00` must have exactly four fields; a
+    /// later version may add fields after them (W3C Trace Context, "versioning"). `None` for
+    /// anything malformed, for the invalid version `ff`, and for all-zero ids: the request is
+    /// then treated as if it carried no context.
+    pub fn parse(header: &str) -> Option<TraceParent> {
+        fn hex<const N: usize>(s: &str) -> Option<[u8; N]> {
+            if s.len() != 2 * N || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                return None;
+            }
+            let mut out = [0u8; N];
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+            }
+            Some(out)
+        }
+        let mut parts = header.trim().split('-');
+        let version = hex::<1>(parts.next()?)?[0];
+        let trace_id = hex::<16>(parts.next()?)?;
+        let span_id = hex::<8>(parts.next()?)?;
+        let flags = hex::<1>(parts.next()?)?[0];
+        let more = parts.next().is_some();
+        if version == 0xff || (version == 0 && more) {
+            return None;
+        }
+        if trace_id == [0; 16] || span_id == [0; 8] {
+            return None;
+        }
+        Some(TraceParent {
+            trace_id,
+            span_id,
+            flags,
+        })
+    }
+}
+
 /// One traced request: its model, its timestamps, and its children (ensemble steps).
 #[derive(Debug)]
 pub struct Trace {
@@ -17,6 +65,10 @@ pub struct Trace {
     pub id: u64,
     /// The trace of the ensemble request this one is a step of.
     pub parent_id: Option<u64>,
+    /// The client's trace context, when it sent one (the root trace only).
+    pub remote_parent: Option<TraceParent>,
+    /// The request's id (`id` in the request), empty when it had none.
+    pub request_id: String,
     /// Model name.
     pub model: String,
     /// Model version.
@@ -39,9 +91,22 @@ const MAX_CHILDREN: usize = 1024;
 impl Trace {
     /// A new trace of `model` version `version`.
     pub fn new(model: &str, version: u64) -> Arc<Trace> {
+        Self::with_context(model, version, String::new(), None)
+    }
+
+    /// A new trace of request `request_id` to `model` version `version`, under the client's
+    /// trace context when it sent one.
+    pub fn with_context(
+        model: &str,
+        version: u64,
+        request_id: String,
+        remote_parent: Option<TraceParent>,
+    ) -> Arc<Trace> {
         Arc::new(Trace {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             parent_id: None,
+            remote_parent,
+            request_id,
             model: model.to_string(),
             version,
             events: Mutex::new(Vec::with_capacity(8)),
@@ -54,6 +119,8 @@ impl Trace {
         let child = Arc::new(Trace {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             parent_id: Some(self.id),
+            remote_parent: None,
+            request_id: String::new(),
             model: model.to_string(),
             version: version.unwrap_or(0),
             events: Mutex::new(Vec::new()),
@@ -90,6 +157,11 @@ impl Trace {
         let mut e = self.events.lock().expect("trace lock").clone();
         e.sort_by_key(|&(_, ns)| ns);
         e
+    }
+
+    /// This trace's children (the ensemble steps it ran), in the order they started.
+    pub fn children(&self) -> Vec<Arc<Trace>> {
+        self.children.lock().expect("trace lock").clone()
     }
 
     /// This trace and its descendants, parents first.
@@ -159,6 +231,37 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn traceparent_headers_parse_as_w3c_says() {
+        let p = TraceParent::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+            .expect("valid");
+        assert_eq!(p.trace_id[0], 0x0a);
+        assert_eq!(p.trace_id[15], 0x9c);
+        assert_eq!(p.span_id, [0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31]);
+        assert_eq!(p.flags, 1);
+        // a later version may carry more fields
+        assert!(
+            TraceParent::parse("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00-x")
+                .is_some()
+        );
+        for bad in [
+            "",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333g-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-1",
+            "0-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-é7651916cd43dd8448eb211c80319c0-b7ad6b7169203331-01",
+        ] {
+            assert_eq!(TraceParent::parse(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_trace_and_its_children_become_tritons_objects() {

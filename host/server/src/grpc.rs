@@ -10,6 +10,7 @@ use bytes::Bytes;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 use wisp_core::tensor::encode_bytes_elements;
+use wisp_core::trace::TraceParent;
 use wisp_core::{DataType, Error, ErrorKind, InferRequest, Tensor};
 
 use crate::service::control::LoadRequest;
@@ -292,9 +293,37 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
     })
 }
 
+/// The client's W3C trace context, from the call's `traceparent` metadata.
+fn trace_parent(metadata: &tonic::metadata::MetadataMap) -> Option<TraceParent> {
+    metadata
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceParent::parse)
+}
+
+/// The parameters a streamed response carries: the request's sequence flags, echoed so that a
+/// client running several sequences on one stream can tell their responses apart, and
+/// `triton_final_response` (every response is its request's last: Wisp has no decoupled
+/// models), which clients that ask for an empty final response wait for.
+fn stream_flags(
+    request: &HashMap<String, pb::InferParameter>,
+) -> impl Iterator<Item = (String, pb::InferParameter)> {
+    let echoed: Vec<_> = ["sequence_id", "sequence_start", "sequence_end"]
+        .into_iter()
+        .filter_map(|k| request.get(k).map(|p| (k.to_string(), p.clone())))
+        .collect();
+    let last = pb::InferParameter {
+        parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(true)),
+    };
+    echoed
+        .into_iter()
+        .chain([("triton_final_response".to_string(), last)])
+}
+
 async fn infer(
     service: &Service,
     mut req: pb::ModelInferRequest,
+    trace_parent: Option<TraceParent>,
 ) -> Result<pb::ModelInferResponse, Error> {
     let received = std::time::Instant::now();
     // Raw contents are sliced from the message without copies; typed contents are converted
@@ -314,7 +343,7 @@ async fn infer(
     let version = (!req.model_version.is_empty()).then(|| std::mem::take(&mut req.model_version));
     let m = service.model(&req.model_name, version.as_deref())?;
     let decoded = decode(req);
-    let answer = service.infer(m, decoded, received).await?;
+    let answer = service.infer(m, decoded, received, trace_parent).await?;
     let mut resp = pb::ModelInferResponse {
         model_name: answer.model.name.clone(),
         model_version: answer.model.version.to_string(),
@@ -449,7 +478,8 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        infer(&self.service, r.into_inner())
+        let parent = trace_parent(r.metadata());
+        infer(&self.service, r.into_inner(), parent)
             .await
             .map(Response::new)
             .map_err(status)
@@ -461,6 +491,8 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        // a stream's requests are traced under the context the stream was opened with
+        let stream_parent = trace_parent(r.metadata());
         let mut inbound = r.into_inner();
         let service = self.service.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -513,7 +545,8 @@ impl GrpcInferenceService for GrpcService {
                     }
                     let _done = done;
                     let id = req.id.clone();
-                    let msg = match infer(&service, req).await {
+                    let flags = stream_flags(&req.parameters);
+                    let mut msg = match infer(&service, req, stream_parent).await {
                         Ok(resp) => pb::ModelStreamInferResponse {
                             error_message: String::new(),
                             infer_response: Some(resp),
@@ -526,6 +559,9 @@ impl GrpcInferenceService for GrpcService {
                             }),
                         },
                     };
+                    if let Some(r) = msg.infer_response.as_mut() {
+                        r.parameters.extend(flags);
+                    }
                     let _ = tx.send(Ok(msg)).await;
                 });
             }

@@ -44,7 +44,7 @@ struct Resolved {
     grpc_restricted: restricted::Restrictions,
     http_tls: Option<tokio_rustls::TlsAcceptor>,
     grpc_tls: Option<tokio_rustls::TlsAcceptor>,
-    trace: service::trace::TraceSettings,
+    trace: service::trace::TraceConfig,
 }
 
 /// The value, or `None` with its error noted.
@@ -236,7 +236,19 @@ impl Server {
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
             shm: Default::default(),
-            trace: service::trace::TraceControl::new(resolved.trace.clone()),
+            trace: service::trace::TraceControl::new(
+                resolved.trace.settings.clone(),
+                match resolved.trace.settings.otel() {
+                    true => Some(
+                        service::otel::Exporter::start(
+                            &resolved.trace.otel,
+                            tokio::runtime::Handle::current(),
+                        )
+                        .map_err(anyhow::Error::msg)?,
+                    ),
+                    false => None,
+                },
+            ),
             logging: logging::LogControl::new(logging::LogSettings {
                 log_file: settings
                     .log_file
@@ -431,7 +443,7 @@ impl Server {
         let registry = self.registry.clone();
         tokio::task::spawn_blocking(move || registry.shutdown()).await?;
         let service = self.service.clone();
-        tokio::task::spawn_blocking(move || service.trace.flush()).await?;
+        tokio::task::spawn_blocking(move || service.trace.shutdown()).await?;
         Ok(())
     }
 }

@@ -320,7 +320,15 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
     } else {
         codec::decode(body, header_len, &m.config)
     };
-    let answer = app.service.infer(m, decoded, received).await?;
+    let trace_parent = parts
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(wisp_core::trace::TraceParent::parse);
+    let answer = app
+        .service
+        .infer(m, decoded, received, trace_parent)
+        .await?;
     let enc = codec::encode(&answer);
     let mut resp = Response::new(Body::from(enc.body));
     let h = resp.headers_mut();

@@ -85,12 +85,14 @@ impl Service {
     /// Validates `decoded` against `m`'s signature, reads its scheduling parameters, runs it
     /// (through the response cache when the model enables it) and selects its outputs.
     /// `received` is when the front end got the request: decode and validation failures are
-    /// recorded with the time since then.
+    /// recorded with the time since then. `trace_parent` is the client's W3C trace context
+    /// (the `traceparent` header or metadata), if it sent one.
     pub async fn infer(
         &self,
         m: Arc<ModelVersion>,
         decoded: Result<Decoded>,
         received: Instant,
+        trace_parent: Option<wisp_core::trace::TraceParent>,
     ) -> Result<Answer> {
         // Bytes read from shared memory count against the in-flight budget like a body's.
         let mut _shm_permit = None;
@@ -118,7 +120,9 @@ impl Service {
             wisp_core::infer::validate(&d.request, &m.config)?;
             d.request.scheduling = Scheduling::from_parameters(&d.request.parameters)?;
             d.request.sequence = SequenceFlags::from_parameters(&d.request.parameters)?;
-            d.request.trace = self.trace.sample(&m.name, m.version);
+            d.request.trace = self
+                .trace
+                .sample(&m.name, m.version, &d.request.id, trace_parent);
             if let Some(t) = &d.request.trace {
                 t.mark_ago("REQUEST_START", received.elapsed());
             }

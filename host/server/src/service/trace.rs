@@ -3,17 +3,24 @@
 //! in Triton's trace-file JSON every `log_frequency` traces, or at shutdown and on a settings
 //! change when it is 0).
 //!
-//! The trace file is the operator's: it is set at start-up (`--trace-config triton,file=PATH`)
-//! and cannot be changed over the network, so no client can make the server write elsewhere.
-//! Traces record timestamps (request, queue, compute input/infer/output, each ensemble step as
-//! a child); `TENSORS` and the OpenTelemetry mode are refused as not supported.
+//! With `--trace-config mode=opentelemetry` finished traces are exported as spans to an
+//! OTLP/HTTP collector instead ([`super::otel`]), and a request carrying a W3C `traceparent` is
+//! traced whatever the rate and count, under the client's span (as Triton does).
+//!
+//! The trace file, the mode and the collector are the operator's: they are set at start-up
+//! (`--trace-config triton,file=PATH`, `mode=…`, `opentelemetry,url=…`) and cannot be changed
+//! over the network, so no client can make the server write or send elsewhere. Traces record
+//! timestamps (request, queue, compute input/infer/output, each ensemble step as a child);
+//! `TENSORS` is refused as not supported.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value};
-use wisp_core::trace::Trace;
+use wisp_core::trace::{Trace, TraceParent};
 use wisp_core::{Error, Result};
+
+use super::otel::{Exporter, OtelConfig};
 
 /// Trace objects kept in memory between writes, at most; past it traces are dropped (and
 /// counted in the log) until the next write.
@@ -27,7 +34,8 @@ const HAND_OVER: usize = 256;
 pub struct TraceSettings {
     /// `OFF`, or `TIMESTAMPS`.
     pub level: Vec<String>,
-    /// Trace one request in this many.
+    /// Trace one request in this many (0: none, except those carrying a `traceparent` in
+    /// OpenTelemetry mode).
     pub rate: u64,
     /// Traces left to take (-1: no limit).
     pub count: i64,
@@ -35,7 +43,7 @@ pub struct TraceSettings {
     pub log_frequency: u64,
     /// The trace file (empty: tracing writes nowhere, so nothing is sampled).
     pub file: String,
-    /// `triton`.
+    /// `triton` (the trace file) or `opentelemetry` (an OTLP collector).
     pub mode: String,
 }
 
@@ -69,7 +77,12 @@ impl TraceSettings {
     }
 
     fn enabled(&self) -> bool {
-        !self.file.is_empty() && self.level.iter().any(|l| l == "TIMESTAMPS")
+        (self.otel() || !self.file.is_empty()) && self.level.iter().any(|l| l == "TIMESTAMPS")
+    }
+
+    /// Whether traces go to an OpenTelemetry collector.
+    pub fn otel(&self) -> bool {
+        self.mode == "opentelemetry"
     }
 
     /// Applies one setting (a `--trace-config` item or an API update). `from_network` refuses
@@ -128,8 +141,10 @@ impl TraceSettings {
             }
             "trace_rate" => {
                 let n = number(value)?;
-                if n < 1 {
-                    return Err(Error::invalid("trace_rate must be a positive integer"));
+                if n < 0 || (n == 0 && from_network && !self.otel()) {
+                    return Err(Error::invalid(
+                        "trace_rate must be a positive integer (0 only in opentelemetry mode)",
+                    ));
                 }
                 self.rate = n as u64;
             }
@@ -157,16 +172,16 @@ impl TraceSettings {
             "trace_file" => self.file = text(value)?,
             "trace_mode" => {
                 let mode = text(value)?.to_lowercase();
-                if mode == "opentelemetry" {
-                    return Err(Error::unsupported(
-                        "trace_mode opentelemetry is not supported yet (triton is)",
-                    ));
-                }
-                if mode != "triton" {
-                    return Err(Error::invalid(format!("trace_mode '{mode}' is not triton")));
+                if mode != "triton" && mode != "opentelemetry" {
+                    return Err(Error::invalid(format!(
+                        "trace_mode '{mode}' is not triton or opentelemetry"
+                    )));
                 }
                 if from_network && mode != self.mode {
-                    return Err(Error::invalid("trace_mode cannot be changed at run time"));
+                    return Err(Error::invalid(format!(
+                        "trace_mode cannot be changed from {} to {mode} at run time",
+                        self.mode
+                    )));
                 }
                 self.mode = mode;
             }
@@ -178,23 +193,43 @@ impl TraceSettings {
     }
 }
 
-/// The settings `--trace-config` gives: `level=…`, `rate=…`, `count=…`, `log-frequency=…`,
-/// `mode=…`, `triton,file=PATH` (Triton's syntax; a mode prefix other than `triton` is refused).
-pub fn parse_trace_config(items: &[String]) -> std::result::Result<TraceSettings, String> {
+/// What `--trace-config` sets: the trace settings and the OpenTelemetry exporter's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceConfig {
+    /// The global trace settings.
+    pub settings: TraceSettings,
+    /// The collector and batching, used in `opentelemetry` mode.
+    pub otel: OtelConfig,
+}
+
+/// The settings `--trace-config` gives, in Triton's syntax: `level=…`, `rate=…`, `count=…`,
+/// `log-frequency=…`, `mode=triton|opentelemetry`, `triton,file=PATH`, and
+/// `opentelemetry,url=…` / `resource=K=V` / `bsp_max_queue_size=…` / `bsp_schedule_delay=…`
+/// / `bsp_max_export_batch_size=…`.
+pub fn parse_trace_config(items: &[String]) -> std::result::Result<TraceConfig, String> {
     let mut s = TraceSettings::default();
+    let mut otel = OtelConfig::default();
     for item in items {
         let (mode, kv) = match item.split_once(',') {
             Some((m, kv)) if !m.contains('=') => (Some(m), kv),
             _ => (None, item.as_str()),
         };
-        if let Some(m) = mode.filter(|m| *m != "triton") {
-            return Err(format!(
-                "--trace-config {item}: mode '{m}' is not supported (triton is)"
-            ));
-        }
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| format!("--trace-config {item}: expected KEY=VALUE"))?;
+        match mode {
+            None | Some("triton") => {}
+            Some("opentelemetry") => {
+                otel.set(k, v)
+                    .map_err(|e| format!("--trace-config {item}: {e}"))?;
+                continue;
+            }
+            Some(m) => {
+                return Err(format!(
+                    "--trace-config {item}: mode '{m}' is not triton or opentelemetry"
+                ))
+            }
+        }
         let key = match k {
             "level" => "trace_level",
             "rate" => "trace_rate",
@@ -207,7 +242,10 @@ pub fn parse_trace_config(items: &[String]) -> std::result::Result<TraceSettings
         s.set(key, &Value::from(v), false)
             .map_err(|e| format!("--trace-config {item}: {}", e.message()))?;
     }
-    Ok(s)
+    if s.rate == 0 && !s.otel() {
+        return Err("--trace-config rate=0 is only allowed with mode=opentelemetry".into());
+    }
+    Ok(TraceConfig { settings: s, otel })
 }
 
 #[derive(Default)]
@@ -240,9 +278,11 @@ struct Pending {
     log_frequency: u64,
 }
 
-/// The server's trace settings and the traces waiting to be written.
+/// The server's trace settings and the traces waiting to be written or exported.
 #[derive(Default)]
 pub struct TraceControl {
+    /// The OpenTelemetry pipeline, in `opentelemetry` mode.
+    exporter: Option<Arc<Exporter>>,
     state: Mutex<State>,
     /// Whether any setting could trace a request: when not, requests skip the lock.
     armed: std::sync::atomic::AtomicBool,
@@ -257,10 +297,12 @@ pub struct TraceControl {
 }
 
 impl TraceControl {
-    /// Tracing with `global` settings (from `--trace-config`).
-    pub fn new(global: TraceSettings) -> Self {
+    /// Tracing with `global` settings (from `--trace-config`); `exporter` receives the traces
+    /// in `opentelemetry` mode.
+    pub fn new(global: TraceSettings, exporter: Option<Exporter>) -> Self {
         let armed = global.enabled();
         TraceControl {
+            exporter: exporter.map(Arc::new),
             state: Mutex::new(State {
                 global,
                 ..Default::default()
@@ -357,8 +399,16 @@ impl TraceControl {
         Ok(settings)
     }
 
-    /// Whether to trace the next request to `model`: `None`, or its trace.
-    pub fn sample(&self, model: &str, version: u64) -> Option<Arc<Trace>> {
+    /// Whether to trace the next request to `model` (request id `request_id`, with the
+    /// client's trace context `parent`): `None`, or its trace. In OpenTelemetry mode a request
+    /// with a trace context is traced whatever the rate and count, as Triton does.
+    pub fn sample(
+        &self,
+        model: &str,
+        version: u64,
+        request_id: &str,
+        parent: Option<TraceParent>,
+    ) -> Option<Arc<Trace>> {
         if !self.armed.load(std::sync::atomic::Ordering::Relaxed) {
             return None;
         }
@@ -366,6 +416,16 @@ impl TraceControl {
         let (enabled, rate, count) = Self::sampling(&state, model);
         if !enabled {
             return None;
+        }
+        let propagated = parent.filter(|_| self.exporter.is_some());
+        if propagated.is_some() {
+            drop(state);
+            return Some(Trace::with_context(
+                model,
+                version,
+                request_id.to_string(),
+                propagated,
+            ));
         }
         let (seen, left) = match state.counters.get_mut(model) {
             Some(c) => c,
@@ -375,13 +435,19 @@ impl TraceControl {
                 .or_insert((0, count)),
         };
         *seen += 1;
-        if *left == 0 || *seen % rate != 0 {
+        if *left == 0 || rate == 0 || *seen % rate != 0 {
             return None;
         }
         if *left > 0 {
             *left -= 1;
         }
-        Some(Trace::new(model, version))
+        drop(state);
+        Some(Trace::with_context(
+            model,
+            version,
+            request_id.to_string(),
+            None,
+        ))
     }
 
     /// Hands a finished trace to the writer thread, which writes the file every
@@ -400,7 +466,10 @@ impl TraceControl {
                 return;
             }
             batch.push(trace.clone());
-            let hand_over = if frequency > 0 {
+            // spans go to the batch processor at once: it does its own batching
+            let hand_over = if self.exporter.is_some() {
+                1
+            } else if frequency > 0 {
                 frequency.min(HAND_OVER as u64) as usize
             } else {
                 HAND_OVER
@@ -444,15 +513,24 @@ impl TraceControl {
         }
     }
 
+    /// Writes or exports what is waiting and stops the OpenTelemetry pipeline (at shutdown).
+    pub fn shutdown(&self) {
+        self.flush();
+        if let Some(e) = &self.exporter {
+            e.shutdown();
+        }
+    }
+
     fn sender(&self) -> std::sync::mpsc::SyncSender<Msg> {
         let mut writer = self.writer.lock().expect("trace writer");
         if let Some(tx) = writer.as_ref() {
             return tx.clone();
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(MAX_BUFFERED_TRACES / HAND_OVER);
+        let exporter = self.exporter.clone();
         let spawned = std::thread::Builder::new()
             .name("wisp-trace-writer".into())
-            .spawn(move || write_loop(rx));
+            .spawn(move || write_loop(rx, exporter));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the trace writer");
         }
@@ -470,30 +548,38 @@ impl Drop for TraceControl {
     }
 }
 
-/// The writer thread: keeps traces, writes a file every `log_frequency` of them or when told.
-fn write_loop(rx: std::sync::mpsc::Receiver<Msg>) {
+/// The writer thread: keeps traces, writes a file every `log_frequency` of them or when told;
+/// with an `exporter`, turns each trace into spans for it instead.
+fn write_loop(rx: std::sync::mpsc::Receiver<Msg>, exporter: Option<Arc<Exporter>>) {
     let mut pending = Pending::default();
     while let Ok(msg) = rx.recv() {
-        match msg {
-            Msg::Traces(traces, file, frequency) => {
-                if file != pending.file && !pending.traces.is_empty() {
-                    write_pending(&mut pending);
-                }
-                pending.file = file;
-                pending.log_frequency = frequency;
-                for trace in traces {
-                    if pending.traces.len() < MAX_BUFFERED_TRACES {
-                        pending.traces.push(trace);
-                    }
-                    if frequency > 0 && pending.traces.len() as u64 >= frequency {
-                        write_pending(&mut pending);
-                    }
-                }
-            }
-            Msg::Flush(done) => {
-                write_pending(&mut pending);
+        match (msg, &exporter) {
+            (Msg::Traces(traces, ..), Some(e)) => traces.iter().for_each(|t| e.export(t)),
+            (Msg::Flush(done), Some(e)) => {
+                e.flush();
                 let _ = done.send(());
             }
+            (msg, None) => match msg {
+                Msg::Traces(traces, file, frequency) => {
+                    if file != pending.file && !pending.traces.is_empty() {
+                        write_pending(&mut pending);
+                    }
+                    pending.file = file;
+                    pending.log_frequency = frequency;
+                    for trace in traces {
+                        if pending.traces.len() < MAX_BUFFERED_TRACES {
+                            pending.traces.push(trace);
+                        }
+                        if frequency > 0 && pending.traces.len() as u64 >= frequency {
+                            write_pending(&mut pending);
+                        }
+                    }
+                }
+                Msg::Flush(done) => {
+                    write_pending(&mut pending);
+                    let _ = done.send(());
+                }
+            },
         }
     }
     write_pending(&mut pending);
@@ -547,17 +633,19 @@ mod tests {
 
     #[test]
     fn samples_by_rate_and_count() {
-        let t = TraceControl::new(on("/dev/null"));
-        let taken = (0..20).filter(|_| t.sample("m", 1).is_some()).count();
+        let t = TraceControl::new(on("/dev/null"), None);
+        let taken = (0..20)
+            .filter(|_| t.sample("m", 1, "", None).is_some())
+            .count();
         assert_eq!(taken, 3, "every 2nd request, 3 at most");
-        assert!(TraceControl::new(TraceSettings::default())
-            .sample("m", 1)
+        assert!(TraceControl::new(TraceSettings::default(), None)
+            .sample("m", 1, "", None)
             .is_none());
     }
 
     #[test]
     fn updates_are_checked_all_or_nothing_and_per_model() {
-        let t = TraceControl::new(on("/tmp/x"));
+        let t = TraceControl::new(on("/tmp/x"), None);
         let upd = |v: Value| v.as_object().unwrap().clone();
         let s = t
             .update(Some("m"), &upd(serde_json::json!({"trace_rate": "5"})))
@@ -594,9 +682,9 @@ mod tests {
         s.rate = 1;
         s.count = -1;
         s.log_frequency = 2;
-        let t = TraceControl::new(s);
+        let t = TraceControl::new(s, None);
         for _ in 0..4 {
-            let tr = t.sample("m", 1).unwrap();
+            let tr = t.sample("m", 1, "", None).unwrap();
             tr.mark("REQUEST_START");
             tr.mark("REQUEST_END");
             t.finish(&tr);
