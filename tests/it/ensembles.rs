@@ -244,7 +244,19 @@ async fn text_direction_demo_reads_upright_and_rotated_text() {
             "model_repo/{f} is missing: run `./dev test` (it fetches the model and installs the plugins)"
         );
     }
-    let server = start_with(&repo, OnnxEngine::Tract, |s| s.no_wasm_cache = true).await;
+    // every request traced, the file written at shutdown
+    let traces = tempfile::tempdir().unwrap();
+    let trace_file = traces.path().join("trace.json");
+    let trace_config = vec![
+        format!("triton,file={}", trace_file.display()),
+        "level=TIMESTAMPS".to_string(),
+        "rate=1".to_string(),
+    ];
+    let server = start_with(&repo, OnnxEngine::Tract, |s| {
+        s.no_wasm_cache = true;
+        s.trace_config = trace_config;
+    })
+    .await;
     let mut c = Client::connect(server.http_addr()).await.unwrap();
     // (the stateful `vad` demo needs ONNX Runtime: on tract the server as a whole is not ready)
     for model in ["text_direction", "text_direction_bls"] {
@@ -275,6 +287,61 @@ async fn text_direction_demo_reads_upright_and_rotated_text() {
         );
     }
     server.shutdown().await.unwrap();
+    // The BLS plugin's wasi-nn call is a child trace of its request, with its own queue and
+    // compute timestamps, as an ensemble's steps are.
+    let objects: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&trace_file).unwrap()).unwrap();
+    let heads: Vec<_> = objects
+        .iter()
+        .filter(|o| o.get("model_name").is_some())
+        .collect();
+    let stamps = |id: &serde_json::Value| -> Vec<String> {
+        objects
+            .iter()
+            .filter(|o| o.get("timestamps").is_some() && &o["id"] == id)
+            .flat_map(|o| o["timestamps"].as_array().unwrap().iter())
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let bls: Vec<_> = heads
+        .iter()
+        .filter(|h| h["model_name"] == "text_direction_bls")
+        .collect();
+    assert_eq!(bls.len(), 2, "{heads:?}");
+    for b in bls {
+        let calls: Vec<_> = heads
+            .iter()
+            .filter(|h| h.get("parent_id") == Some(&b["id"]))
+            .collect();
+        assert_eq!(calls.len(), 1, "one wasi-nn call: {heads:?}");
+        assert_eq!(calls[0]["model_name"], "ppocr_cls");
+        assert_eq!(calls[0]["model_version"], 1);
+        let names = stamps(&calls[0]["id"]);
+        for want in [
+            "REQUEST_START",
+            "QUEUE_START",
+            "COMPUTE_START",
+            "COMPUTE_END",
+            "REQUEST_END",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+        }
+    }
+    let ensemble_steps = heads
+        .iter()
+        .filter(|h| h["model_name"] == "text_direction")
+        .map(|e| {
+            heads
+                .iter()
+                .filter(|h| h.get("parent_id") == Some(&e["id"]))
+                .count()
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(
+        ensemble_steps,
+        vec![3, 3],
+        "each ensemble request traces its three steps"
+    );
 }
 
 /// Sample files of known types, written for the content-type test.

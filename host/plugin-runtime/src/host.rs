@@ -39,6 +39,9 @@ pub struct State {
     pub(crate) caller: Option<Arc<dyn ModelCaller>>,
     /// When the current call must be over (wasi-nn calls wait at most until then).
     pub(crate) deadline: Instant,
+    /// The trace of the batch being executed (its first traced request): its wasi-nn calls
+    /// become child traces of it.
+    pub(crate) trace: Option<std::sync::Arc<wisp_core::trace::Trace>>,
 }
 
 impl WasiView for State {

@@ -164,6 +164,7 @@ fn instantiate(shared: &Shared) -> std::result::Result<Live, (Failure, Error)> {
         model: shared.name.clone(),
         caller: shared.caller.clone(),
         deadline: Instant::now() + limits.timeout,
+        trace: None,
     };
     let engine = shared.pre.engine();
     let mut store = Store::new(engine, state);
@@ -330,10 +331,14 @@ impl Instance for WasmInstance {
         }
         let converted = Instant::now();
         timing.input_ns = (converted - start).as_nanos() as u64;
+        // A plugin sees a batch, not which request a wasi-nn call serves: calls are traced
+        // under the batch's first traced request (exact for the usual batch of one).
+        live.store.data_mut().trace = batch.iter().find_map(|r| r.trace.clone());
         let result = live
             .bindings
             .wisp_plugin_plugin()
             .call_execute(&mut live.store, &requests);
+        live.store.data_mut().trace = None;
         let executed = Instant::now();
         timing.infer_ns = (executed - converted).as_nanos() as u64;
         let results = match result {

@@ -42,7 +42,9 @@ pub use limits::Limits;
 pub trait ModelCaller: Send + Sync {
     /// Checks that `model` (at `version`, else its default version) is served and ready.
     fn check(&self, model: &str, version: Option<&str>) -> Result<()>;
-    /// Runs `request` through `model`'s scheduler, waiting at most until `deadline`.
+    /// Runs `request` through `model`'s scheduler, waiting at most until `deadline`. A traced
+    /// plugin request's calls carry its trace in `request.trace`, for the caller to record the
+    /// call under.
     fn infer(
         &self,
         model: &str,

@@ -229,6 +229,8 @@ impl inference::HostGraphExecutionContext for State {
                 "the plugin's deadline passed before compute",
             );
         }
+        // the caller makes it a child trace of the request being served
+        request.trace = self.trace.clone();
         let response = match caller.infer(&model, version.as_deref(), request, self.deadline) {
             Ok(r) => r,
             Err(e) => {

@@ -73,11 +73,24 @@ impl ModelCaller for RegistryCaller {
         &self,
         model: &str,
         version: Option<&str>,
-        request: InferRequest,
+        mut request: InferRequest,
         deadline: Instant,
     ) -> Result<InferResponse> {
         let m = self.registry()?.get(model, version)?;
         validate(&m, &request)?;
-        m.infer_blocking(request, deadline)
+        // A traced plugin request's call is a child trace, as an ensemble step is.
+        let child = request
+            .trace
+            .take()
+            .map(|parent| parent.child(&m.name, Some(m.version)));
+        if let Some(c) = &child {
+            c.mark("REQUEST_START");
+        }
+        request.trace = child.clone();
+        let result = m.infer_blocking(request, deadline);
+        if let Some(c) = &child {
+            c.mark("REQUEST_END");
+        }
+        result
     }
 }
