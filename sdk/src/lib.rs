@@ -40,7 +40,9 @@ extern crate self as wisp_sdk;
 mod tensor;
 
 pub mod log;
+pub mod models;
 pub mod nn;
+pub mod testing;
 
 /// Bindings generated from `wit/plugin.wit` (what [`export_plugin!`] builds on).
 #[allow(
@@ -51,7 +53,7 @@ pub mod nn;
 )]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: ["../wit/deps/wasi-nn", "../wit/plugin.wit"],
         world: "wisp:plugin/model",
         pub_export_macro: true,
         default_bindings_module: "wisp_sdk::bindings",
@@ -61,7 +63,7 @@ pub mod bindings {
 }
 
 pub use bindings::wisp::plugin::types::{
-    Datatype, Error, ErrorCode, Param, ParamValue, Request, Response, Tensor,
+    Datatype, Error, ErrorCode, Param, ParamValue, Request, Response, Signature, Tensor, TensorSpec,
 };
 
 impl Error {
@@ -88,7 +90,7 @@ impl Error {
         Error::new(ErrorCode::Internal, message)
     }
 
-    /// Not supported (HTTP 400 / gRPC UNIMPLEMENTED).
+    /// Not supported (HTTP 501 / gRPC UNIMPLEMENTED).
     pub fn unsupported(message: impl Into<String>) -> Self {
         Error::new(ErrorCode::Unsupported, message)
     }
@@ -223,8 +225,29 @@ impl Params {
     }
 }
 
+impl TensorSpec {
+    /// An input or output called `name` of `datatype` with `dims` (without the batch
+    /// dimension; -1 for a variable one).
+    pub fn new(name: impl Into<String>, datatype: Datatype, dims: &[i64]) -> Self {
+        TensorSpec {
+            name: name.into(),
+            datatype,
+            dims: dims.to_vec(),
+            optional: false,
+        }
+    }
+}
+
 /// A model plugin.
 pub trait Plugin: Sized + 'static {
+    /// The plugin's inputs, outputs and max batch size, so that its model directory may omit
+    /// them from `config.pbtxt` (the server completes the config from this, as it does from
+    /// an ONNX file). Called before `init`, so it cannot depend on parameters. The default
+    /// describes nothing: the config must declare everything.
+    fn describe() -> Option<Signature> {
+        None
+    }
+
     /// Builds the plugin from the config's `parameters` (once per instance). An error fails
     /// the model's load with its message.
     fn init(params: &Params) -> Result<Self, Error>;
@@ -249,6 +272,10 @@ macro_rules! export_plugin {
             struct WispPluginExport;
 
             impl $crate::bindings::exports::wisp::plugin::plugin::Guest for WispPluginExport {
+                fn describe() -> ::std::option::Option<$crate::Signature> {
+                    <$plugin as $crate::Plugin>::describe()
+                }
+
                 fn init(
                     parameters: ::std::vec::Vec<(::std::string::String, ::std::string::String)>,
                 ) -> ::std::result::Result<(), $crate::Error> {

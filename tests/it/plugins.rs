@@ -588,3 +588,308 @@ sequence_batching {
     );
     server.shutdown().await.unwrap();
 }
+
+/// A testkit model of `datatype` and `dims` (INPUT → OUTPUT) with `extra` config lines.
+fn typed_testkit(datatype: &str, dims: &str, extra: &str) -> String {
+    format!(
+        r#"backend: "wasm"
+max_batch_size: 4
+input [ {{ name: "INPUT" data_type: {datatype} dims: {dims} }} ]
+output [ {{ name: "OUTPUT" data_type: {datatype} dims: {dims} }} ]
+{extra}"#
+    )
+}
+
+/// A forwarding testkit: each batch goes to `target` in one `wisp:plugin/models` call.
+fn forward(datatype: &str, dims: &str, target: &str) -> String {
+    typed_testkit(
+        datatype,
+        dims,
+        &format!(
+            "dynamic_batching {{ max_queue_delay_microseconds: 20000 }}\ninstance_group [ {{ count: 1 kind: KIND_CPU }} ]\n{}{}",
+            param("mode", "forward"),
+            param("forward_to", target)
+        ),
+    )
+}
+
+/// `wisp:plugin@0.2.0`: 0.1.0 and 0.2.0 components side by side, and the `models` import —
+/// calls carrying BYTES and BOOL, to an ensemble, to another plugin and to a 0.1.0 one,
+/// batched into the called model's scheduler, with self-calls and cycles refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_call_models_with_full_requests_in_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path();
+    let int = ("TYPE_INT32", "[ 2 ]");
+    add_plugin_model(
+        repo,
+        "legacy",
+        1,
+        "legacy-v1",
+        &typed_testkit(int.0, int.1, ""),
+    );
+    add_plugin_model(
+        repo,
+        "identity",
+        1,
+        "testkit",
+        &typed_testkit(
+            int.0,
+            int.1,
+            "dynamic_batching { max_queue_delay_microseconds: 20000 }\ninstance_group [ { count: 1 kind: KIND_CPU } ]",
+        ),
+    );
+    add_plugin_model(
+        repo,
+        "fwd",
+        1,
+        "testkit",
+        &forward(int.0, int.1, "identity"),
+    );
+    add_plugin_model(
+        repo,
+        "fwd_legacy",
+        1,
+        "testkit",
+        &forward(int.0, int.1, "legacy"),
+    );
+    add_plugin_model(
+        repo,
+        "strings",
+        1,
+        "testkit",
+        &typed_testkit("TYPE_STRING", "[ 2 ]", ""),
+    );
+    add_plugin_model(
+        repo,
+        "fwd_strings",
+        1,
+        "testkit",
+        &forward("TYPE_STRING", "[ 2 ]", "strings"),
+    );
+    add_plugin_model(
+        repo,
+        "bools",
+        1,
+        "testkit",
+        &typed_testkit("TYPE_BOOL", "[ 2 ]", ""),
+    );
+    add_plugin_model(
+        repo,
+        "fwd_bools",
+        1,
+        "testkit",
+        &forward("TYPE_BOOL", "[ 2 ]", "bools:1"),
+    );
+    std::fs::create_dir_all(repo.join("ens/1")).unwrap();
+    std::fs::write(
+        repo.join("ens/config.pbtxt"),
+        r#"platform: "ensemble"
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
+ensemble_scheduling { step [ { model_name: "legacy" model_version: -1
+  input_map { key: "INPUT" value: "INPUT" } output_map { key: "OUTPUT" value: "OUTPUT" } } ] }
+"#,
+    )
+    .unwrap();
+    add_plugin_model(repo, "fwd_ens", 1, "testkit", &forward(int.0, int.1, "ens"));
+    add_plugin_model(
+        repo,
+        "itself",
+        1,
+        "testkit",
+        &forward(int.0, int.1, "itself"),
+    );
+    add_plugin_model(
+        repo,
+        "cycle_a",
+        1,
+        "testkit",
+        &forward(int.0, int.1, "cycle_b"),
+    );
+    add_plugin_model(
+        repo,
+        "cycle_b",
+        1,
+        "testkit",
+        &forward(int.0, int.1, "cycle_a"),
+    );
+    // an ensemble whose step calls back into it
+    std::fs::create_dir_all(repo.join("ens_loop/1")).unwrap();
+    std::fs::write(
+        repo.join("ens_loop/config.pbtxt"),
+        r#"platform: "ensemble"
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
+ensemble_scheduling { step [ { model_name: "back" model_version: -1
+  input_map { key: "INPUT" value: "INPUT" } output_map { key: "OUTPUT" value: "OUTPUT" } } ] }
+"#,
+    )
+    .unwrap();
+    add_plugin_model(
+        repo,
+        "back",
+        1,
+        "testkit",
+        &forward(int.0, int.1, "ens_loop"),
+    );
+    let server = start_plugins(repo).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+
+    for model in ["legacy", "fwd", "fwd_legacy", "fwd_ens"] {
+        let r = c
+            .post_json(&format!("/v2/models/{model}/infer"), &int_request([7, -3]))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "{model}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["outputs"][0]["data"], json!([7, -3]), "{model}");
+    }
+    let r = c
+        .post_json(
+            "/v2/models/fwd_strings/infer",
+            &json!({"inputs": [{"name": "INPUT", "datatype": "BYTES", "shape": [1, 2],
+                     "data": ["héllo", ""]}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["outputs"][0]["data"], json!(["héllo", ""]));
+    let r = c
+        .post_json(
+            "/v2/models/fwd_bools/infer",
+            &json!({"inputs": [{"name": "INPUT", "datatype": "BOOL", "shape": [1, 2],
+                     "data": [true, false]}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["outputs"][0]["data"], json!([true, false]));
+
+    // Calls that would wait on themselves are refused at once, naming the path.
+    for (model, named) in [
+        ("itself", "itself"),
+        ("cycle_a", "cycle_a → cycle_b → cycle_a"),
+        ("ens_loop", "ens_loop → back → ens_loop"),
+    ] {
+        let t = Instant::now();
+        let r = c
+            .post_json(&format!("/v2/models/{model}/infer"), &int_request([1, 2]))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            400,
+            "{model}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let e = error_text(&r);
+        assert!(
+            e.contains("already on this call's path") && e.contains(named),
+            "{model}: {e}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(2), "{model} waited");
+    }
+
+    // A plugin's batch reaches the called model as one call: under concurrent load the called
+    // model runs fewer batches than it receives requests.
+    let before = c
+        .get("/v2/models/identity/versions/1/stats")
+        .await
+        .unwrap()
+        .json()["model_stats"][0]
+        .clone();
+    let addr = server.http_addr();
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            tokio::spawn(async move {
+                let mut c = Client::connect(addr).await.unwrap();
+                let r = c
+                    .post_json("/v2/models/fwd/infer", &int_request([i, i + 1]))
+                    .await
+                    .unwrap();
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                assert_eq!(r.json()["outputs"][0]["data"], json!([i, i + 1]));
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let after = c
+        .get("/v2/models/identity/versions/1/stats")
+        .await
+        .unwrap()
+        .json()["model_stats"][0]
+        .clone();
+    let n = |s: &Value, k: &str| s[k].as_u64().unwrap();
+    let requests = n(&after, "inference_count") - n(&before, "inference_count");
+    let batches = n(&after, "execution_count") - n(&before, "execution_count");
+    assert_eq!(requests, 16);
+    assert!(
+        batches < requests,
+        "{batches} batches for {requests} requests"
+    );
+    server.shutdown().await.unwrap();
+}
+
+/// A 0.2.0 plugin that describes itself needs no `config.pbtxt`: the server completes the
+/// config from `describe`, as from an ONNX file. A plugin that does not describe itself gets a
+/// load error saying what to declare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_describes_itself_needs_no_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path();
+    for (model, plugin) in [("add_sub_wasm", "add-sub"), ("undescribed", "legacy-v1")] {
+        std::fs::create_dir_all(repo.join(model).join("1")).unwrap();
+        std::fs::copy(
+            wisp_tests::plugin_wasm(plugin),
+            repo.join(model).join("1/model.wasm"),
+        )
+        .unwrap();
+    }
+    let server = start_plugins(repo).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let cfg = c.get("/v2/models/add_sub_wasm/config").await.unwrap();
+    assert_eq!(cfg.status, 200, "{}", String::from_utf8_lossy(&cfg.body));
+    let cfg = cfg.json();
+    assert_eq!(cfg["backend"], "wasm");
+    assert_eq!(cfg["max_batch_size"], 8);
+    assert_eq!(cfg["input"][1]["name"], "INPUT1");
+    assert_eq!(cfg["input"][1]["data_type"], "TYPE_FP32");
+    assert_eq!(cfg["output"][0]["dims"], json!([16]));
+    let x: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let r = c
+        .post_json(
+            "/v2/models/add_sub_wasm/infer",
+            &json!({"inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": x},
+                {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["outputs"][0]["data"][3], 4.0);
+    let index = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .unwrap()
+        .json();
+    let undescribed = index
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "undescribed")
+        .unwrap()
+        .clone();
+    assert_eq!(undescribed["state"], "UNAVAILABLE", "{undescribed}");
+    let reason = undescribed["reason"].as_str().unwrap();
+    assert!(reason.contains("does not describe itself"), "{reason}");
+    server.shutdown().await.unwrap();
+}

@@ -126,6 +126,7 @@ pub(crate) fn describe(file: &Path) -> Result<ModelIo> {
             .map(io_spec)
             .collect(),
         outputs: graph.output.iter().map(io_spec).collect(),
+        max_batch_size: None,
     })
 }
 

@@ -27,7 +27,14 @@ pub struct InferRequest {
     pub sequence: Option<SequenceFlags>,
     /// The request's trace, when it was sampled for tracing (the trace extension).
     pub trace: Option<std::sync::Arc<crate::trace::Trace>>,
+    /// The models whose execution made this request (the plugins and ensembles it was called
+    /// from, outermost first; empty for a client's request): a plugin may not call a model on
+    /// its own path, which would wait on itself.
+    pub call_path: Vec<std::sync::Arc<str>>,
 }
+
+/// The longest chain of plugin and ensemble calls a request may come from.
+pub const MAX_CALL_DEPTH: usize = 16;
 
 /// A sequence's correlation ID: Triton's `sequence_id`, an unsigned integer or a string.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

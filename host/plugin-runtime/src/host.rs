@@ -11,22 +11,41 @@ use wisp_core::{DataType, Error, ErrorKind, InferRequest, Tensor};
 
 use crate::ModelCaller;
 
-wasmtime::component::bindgen!({
-    path: "../../wit",
-    world: "wisp:plugin/model",
-    imports: { default: trappable },
-    // A guest export's parameters borrow: a request's tensors are lowered into the guest
-    // straight from the host's buffers, the one copy a call makes.
-    ownership: Borrowing { duplicate_if_necessary: true },
-    with: {
-        "wasi:nn/tensor.tensor": crate::nn::NnTensor,
-        "wasi:nn/graph.graph": crate::nn::NnGraph,
-        "wasi:nn/inference.graph-execution-context": crate::nn::NnContext,
-        "wasi:nn/errors.error": crate::nn::NnError,
-    },
-});
+/// Bindings of `wisp:plugin@0.1.0`, for linking what its components import (the 0.1.0
+/// `logging` interface and `wasi:nn`). Its exports are called with the 0.2.0 types, which are
+/// structurally the same: component types match by structure, not by package version.
+pub mod v1 {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "wisp:plugin/model@0.1.0",
+        imports: { default: trappable },
+        ownership: Borrowing { duplicate_if_necessary: true },
+        with: {
+            "wasi:nn/tensor.tensor": crate::nn::NnTensor,
+            "wasi:nn/graph.graph": crate::nn::NnGraph,
+            "wasi:nn/inference.graph-execution-context": crate::nn::NnContext,
+            "wasi:nn/errors.error": crate::nn::NnError,
+        },
+    });
+}
 
-pub use wisp::plugin::types as wit;
+/// Bindings of `wisp:plugin@0.2.0`, the current world: `models` and `describe`.
+pub mod v2 {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "wisp:plugin/model@0.2.0",
+        imports: { default: trappable },
+        // A guest export's parameters borrow: a request's tensors are lowered into the guest
+        // straight from the host's buffers, the one copy a call makes.
+        ownership: Borrowing { duplicate_if_necessary: true },
+        with: {
+            "wasi:nn": super::v1::wasi::nn,
+        },
+    });
+}
+
+pub use v2::wisp::plugin0_2_0::types as wit;
+pub use v2::{Model, ModelPre};
 
 /// What one plugin instance's store holds.
 pub struct State {
@@ -42,6 +61,9 @@ pub struct State {
     /// The trace of the batch being executed (its first traced request): its wasi-nn calls
     /// become child traces of it.
     pub(crate) trace: Option<std::sync::Arc<wisp_core::trace::Trace>>,
+    /// The models the batch being executed was called from, then this one: a call to any of
+    /// them is refused (it would wait on itself).
+    pub(crate) call_path: Vec<Arc<str>>,
 }
 
 impl WasiView for State {
@@ -55,13 +77,41 @@ impl WasiView for State {
 
 impl wit::Host for State {}
 
-impl wisp::plugin::logging::Host for State {
+impl v1::wisp::plugin0_1_0::types::Host for State {}
+
+impl v1::wisp::plugin0_1_0::logging::Host for State {
     fn log(
         &mut self,
-        level: wisp::plugin::logging::Level,
+        level: v1::wisp::plugin0_1_0::logging::Level,
         message: String,
     ) -> wasmtime::Result<()> {
-        use wisp::plugin::logging::Level;
+        <Self as v2::wisp::plugin0_2_0::logging::Host>::log(self, level_v2(level), message)
+    }
+
+    fn enabled(&mut self, level: v1::wisp::plugin0_1_0::logging::Level) -> wasmtime::Result<bool> {
+        <Self as v2::wisp::plugin0_2_0::logging::Host>::enabled(self, level_v2(level))
+    }
+}
+
+fn level_v2(l: v1::wisp::plugin0_1_0::logging::Level) -> v2::wisp::plugin0_2_0::logging::Level {
+    use v1::wisp::plugin0_1_0::logging::Level as A;
+    use v2::wisp::plugin0_2_0::logging::Level as B;
+    match l {
+        A::Trace => B::Trace,
+        A::Debug => B::Debug,
+        A::Info => B::Info,
+        A::Warn => B::Warn,
+        A::Error => B::Error,
+    }
+}
+
+impl v2::wisp::plugin0_2_0::logging::Host for State {
+    fn log(
+        &mut self,
+        level: v2::wisp::plugin0_2_0::logging::Level,
+        message: String,
+    ) -> wasmtime::Result<()> {
+        use v2::wisp::plugin0_2_0::logging::Level;
         const MAX: usize = 4096;
         let mut message = message;
         if message.len() > MAX {
@@ -83,8 +133,8 @@ impl wisp::plugin::logging::Host for State {
         Ok(())
     }
 
-    fn enabled(&mut self, level: wisp::plugin::logging::Level) -> wasmtime::Result<bool> {
-        use wisp::plugin::logging::Level;
+    fn enabled(&mut self, level: v2::wisp::plugin0_2_0::logging::Level) -> wasmtime::Result<bool> {
+        use v2::wisp::plugin0_2_0::logging::Level;
         Ok(match level {
             Level::Trace => tracing::enabled!(target: "wisp::plugin", tracing::Level::TRACE),
             Level::Debug => tracing::enabled!(target: "wisp::plugin", tracing::Level::DEBUG),
@@ -140,16 +190,16 @@ pub fn from_wit_datatype(d: wit::Datatype) -> DataType {
 /// A parameter value as the plugin sees it; `text` holds the JSON text of a value that is not
 /// a bool, number or string (null, an array or an object), which the borrowed WIT value points
 /// into.
-fn to_wit_param_value<'a>(v: &'a serde_json::Value, text: &'a str) -> wit::ParamValue<'a> {
+fn to_wit_param_value<'a>(v: &'a serde_json::Value, text: &'a str) -> wit::ParamValueParam<'a> {
     use serde_json::Value;
     match v {
-        Value::Bool(b) => wit::ParamValue::Bool(*b),
+        Value::Bool(b) => wit::ParamValueParam::Bool(*b),
         Value::Number(n) => match n.as_i64() {
-            Some(i) => wit::ParamValue::Int(i),
-            None => wit::ParamValue::Double(n.as_f64().unwrap_or(f64::NAN)),
+            Some(i) => wit::ParamValueParam::Int(i),
+            None => wit::ParamValueParam::Double(n.as_f64().unwrap_or(f64::NAN)),
         },
-        Value::String(s) => wit::ParamValue::Text(s),
-        _ => wit::ParamValue::Text(text),
+        Value::String(s) => wit::ParamValueParam::Text(s),
+        _ => wit::ParamValueParam::Text(text),
     }
 }
 
@@ -194,12 +244,12 @@ impl<'a> WitParts<'a> {
     }
 
     /// The request's parameters, borrowed.
-    pub fn parameters(&self) -> Vec<wit::Param<'_>> {
+    pub fn parameters(&self) -> Vec<wit::ParamParam<'_>> {
         self.request
             .parameters
             .iter()
             .zip(&self.texts)
-            .map(|((key, v), text)| wit::Param {
+            .map(|((key, v), text)| wit::ParamParam {
                 key,
                 value: to_wit_param_value(v, text),
             })
@@ -207,8 +257,8 @@ impl<'a> WitParts<'a> {
     }
 
     /// The request as the plugin sees it, with `parameters` from [`WitParts::parameters`].
-    pub fn request<'b>(&'b self, parameters: &'b [wit::Param<'b>]) -> wit::Request<'b> {
-        wit::Request {
+    pub fn request<'b>(&'b self, parameters: &'b [wit::ParamParam<'b>]) -> wit::RequestParam<'b> {
+        wit::RequestParam {
             id: &self.request.id,
             inputs: &self.inputs,
             requested_outputs: &self.requested_outputs,
@@ -281,12 +331,12 @@ mod tests {
                 .value
                 .clone()
         };
-        assert!(matches!(find("b"), wit::ParamValue::Bool(true)));
-        assert!(matches!(find("i"), wit::ParamValue::Int(-3)));
-        assert!(matches!(find("f"), wit::ParamValue::Double(v) if v == 0.5));
-        assert!(matches!(find("s"), wit::ParamValue::Text(s) if s == "x"));
-        assert!(matches!(find("n"), wit::ParamValue::Text(s) if s == "null"));
-        assert!(matches!(find("a"), wit::ParamValue::Text(s) if s == "[1,2]"));
+        assert!(matches!(find("b"), wit::ParamValueParam::Bool(true)));
+        assert!(matches!(find("i"), wit::ParamValueParam::Int(-3)));
+        assert!(matches!(find("f"), wit::ParamValueParam::Double(v) if v == 0.5));
+        assert!(matches!(find("s"), wit::ParamValueParam::Text(s) if s == "x"));
+        assert!(matches!(find("n"), wit::ParamValueParam::Text(s) if s == "null"));
+        assert!(matches!(find("a"), wit::ParamValueParam::Text(s) if s == "[1,2]"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{Component, ComponentExportIndex, Func, InstancePre, ResourceTable};
 use wasmtime::{Store, Trap};
 use wasmtime_wasi::{FsPerms, HostMonotonicClock, HostWallClock, WasiCtxBuilder};
 use wisp_core::backend::{ExecTiming, Instance};
@@ -11,7 +11,7 @@ use wisp_core::config::ModelConfig;
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
 
 use crate::engine::deadline_ticks;
-use crate::host::{self, Model, ModelPre, State};
+use crate::host::{self, wit, State};
 use crate::limits::{Limits, GUEST_DATA_DIR};
 use crate::stdio::PluginOutput;
 use crate::ModelCaller;
@@ -22,7 +22,7 @@ pub(crate) struct Shared {
     pub version: String,
     pub config: Arc<ModelConfig>,
     pub limits: Limits,
-    pub pre: ModelPre<State>,
+    pub pre: Pre,
     pub caller: Option<Arc<dyn ModelCaller>>,
     pub failures: Arc<crate::FailureCounts>,
 }
@@ -121,55 +121,130 @@ impl HostMonotonicClock for FrozenMonotonicClock {
     }
 }
 
+/// How a component is instantiated and called: a 0.2.0 component through its generated
+/// bindings; a 0.1.0 one through its `init` and `execute` exports, typed with the 0.2.0 types
+/// (the same structure: component types match by structure, not by package version).
+pub(crate) enum Pre {
+    /// `wisp:plugin@0.2.0`.
+    V2(host::ModelPre<State>),
+    /// `wisp:plugin@0.1.0`.
+    V1 {
+        pre: InstancePre<State>,
+        init: ComponentExportIndex,
+        execute: ComponentExportIndex,
+    },
+}
+
+impl Pre {
+    /// Which world `component` implements, from its exports.
+    pub fn new(component: &Component, pre: InstancePre<State>) -> Result<Pre> {
+        if component
+            .get_export_index(None, "wisp:plugin/plugin@0.2.0")
+            .is_some()
+        {
+            return host::ModelPre::new(pre).map(Pre::V2).map_err(|e| {
+                Error::invalid(format!(
+                    "its wisp:plugin/plugin@0.2.0 export does not match wit/plugin.wit: {e:#}"
+                ))
+            });
+        }
+        let Some(plugin) = component.get_export_index(None, "wisp:plugin/plugin@0.1.0") else {
+            return Err(Error::invalid(
+                "the component exports neither wisp:plugin/plugin@0.2.0 nor wisp:plugin/plugin@0.1.0 (build it with wisp-sdk, or against wit/plugin.wit)",
+            ));
+        };
+        let func = |name: &str| {
+            component
+                .get_export_index(Some(&plugin), name)
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "its wisp:plugin/plugin@0.1.0 export has no '{name}' function"
+                    ))
+                })
+        };
+        Ok(Pre::V1 {
+            init: func("init")?,
+            execute: func("execute")?,
+            pre,
+        })
+    }
+
+    fn engine(&self) -> &wasmtime::Engine {
+        match self {
+            Pre::V2(p) => p.engine(),
+            Pre::V1 { pre, .. } => pre.engine(),
+        }
+    }
+
+    fn instantiate(&self, store: &mut Store<State>) -> wasmtime::Result<Bindings> {
+        match self {
+            Pre::V2(p) => p.instantiate(&mut *store).map(Bindings::V2),
+            Pre::V1 { pre, init, execute } => {
+                let instance = pre.instantiate(&mut *store)?;
+                let func = |store: &mut Store<State>, index| {
+                    instance
+                        .get_func(store, index)
+                        .ok_or_else(|| wasmtime::Error::msg("a plugin export is not a function"))
+                };
+                Ok(Bindings::V1 {
+                    init: func(store, init)?,
+                    execute: func(store, execute)?,
+                })
+            }
+        }
+    }
+}
+
+/// An instantiated component's exports.
+enum Bindings {
+    V2(host::Model),
+    V1 { init: Func, execute: Func },
+}
+
+/// What `execute` returns.
+type Executed = Vec<std::result::Result<wit::Response, wit::Error>>;
+
+impl Bindings {
+    fn init(
+        &self,
+        store: &mut Store<State>,
+        params: &[(&str, &str)],
+    ) -> wasmtime::Result<std::result::Result<(), wit::Error>> {
+        match self {
+            Bindings::V2(m) => m.wisp_plugin0_2_0_plugin().call_init(store, params),
+            Bindings::V1 { init, .. } => {
+                let f = init
+                    .typed::<(&[(&str, &str)],), (std::result::Result<(), wit::Error>,)>(&*store)?;
+                Ok(f.call(store, (params,))?.0)
+            }
+        }
+    }
+
+    fn execute(
+        &self,
+        store: &mut Store<State>,
+        batch: &[wit::RequestParam<'_>],
+    ) -> wasmtime::Result<Executed> {
+        match self {
+            Bindings::V2(m) => m.wisp_plugin0_2_0_plugin().call_execute(store, batch),
+            Bindings::V1 { execute, .. } => {
+                let f = execute.typed::<(&[wit::RequestParam<'_>],), (Executed,)>(&*store)?;
+                Ok(f.call(store, (batch,))?.0)
+            }
+        }
+    }
+}
+
 /// A live, initialized plugin instance.
 struct Live {
     store: Store<State>,
-    bindings: Model,
+    bindings: Bindings,
     output: PluginOutput,
 }
 
 fn instantiate(shared: &Shared) -> std::result::Result<Live, (Failure, Error)> {
     let limits = &shared.limits;
-    let output = PluginOutput::new(&shared.name);
-    let mut wasi = WasiCtxBuilder::new();
-    wasi.stdout(output.clone())
-        .stderr(output.clone())
-        .allow_tcp(false)
-        .allow_udp(false)
-        .allow_ip_name_lookup(false)
-        .envs(&limits.env);
-    if !limits.clock {
-        wasi.wall_clock(FrozenWallClock)
-            .monotonic_clock(FrozenMonotonicClock);
-    }
-    if let Some(dir) = &limits.read_dir {
-        wasi.preopened_dir(dir, GUEST_DATA_DIR, FsPerms::ReadOnly)
-            .map_err(|e| {
-                (
-                    Failure::Init,
-                    Error::invalid(format!(
-                        "plugin '{}': cannot grant {}: {e:#}",
-                        shared.name,
-                        dir.display()
-                    )),
-                )
-            })?;
-    }
-    let state = State {
-        wasi: wasi.build(),
-        table: ResourceTable::new(),
-        limits: crate::limits::Limiter {
-            memory_bytes: limits.memory_bytes,
-        },
-        model: shared.name.clone(),
-        caller: shared.caller.clone(),
-        deadline: Instant::now() + limits.timeout,
-        trace: None,
-    };
-    let engine = shared.pre.engine();
-    let mut store = Store::new(engine, state);
-    store.limiter(|s| &mut s.limits);
-    arm(&mut store, limits).map_err(|e| (Failure::Init, e))?;
+    let (mut store, output) = new_store(&shared.name, limits, shared.caller.clone(), &shared.pre)?;
     let fail = |e: wasmtime::Error, output: &PluginOutput| {
         let (_, msg) = classify(&e, limits, output);
         (
@@ -187,7 +262,7 @@ fn instantiate(shared: &Shared) -> std::result::Result<Live, (Failure, Error)> {
         .iter()
         .map(|(k, v)| (k.as_str(), v.string_value.as_str()))
         .collect();
-    match bindings.wisp_plugin_plugin().call_init(&mut store, &params) {
+    match bindings.init(&mut store, &params) {
         Ok(Ok(())) => Ok(Live {
             store,
             bindings,
@@ -202,6 +277,74 @@ fn instantiate(shared: &Shared) -> std::result::Result<Live, (Failure, Error)> {
         )),
         Err(e) => Err(fail(e, &output)),
     }
+}
+
+/// What a 0.2.0 component says it serves (`describe`, on a fresh sandboxed instance with the
+/// default limits, before any `init`); `None` when it does not describe itself.
+pub(crate) fn describe(name: &str, pre: &Pre) -> Result<Option<wit::Signature>> {
+    let limits = Limits::default();
+    let (mut store, output) =
+        new_store(&Arc::from(name), &limits, None, pre).map_err(|(_, e)| e)?;
+    let fail = |e: wasmtime::Error| {
+        let (_, msg) = classify(&e, &limits, &output);
+        Error::invalid(format!("plugin '{name}' describe {msg}"))
+    };
+    match pre.instantiate(&mut store).map_err(fail)? {
+        Bindings::V2(m) => m
+            .wisp_plugin0_2_0_plugin()
+            .call_describe(&mut store)
+            .map_err(fail),
+        Bindings::V1 { .. } => Ok(None),
+    }
+}
+
+/// A store with `limits`' sandbox, its output captured.
+fn new_store(
+    name: &Arc<str>,
+    limits: &Limits,
+    caller: Option<Arc<dyn ModelCaller>>,
+    pre: &Pre,
+) -> std::result::Result<(Store<State>, PluginOutput), (Failure, Error)> {
+    let output = PluginOutput::new(name);
+    let mut wasi = WasiCtxBuilder::new();
+    wasi.stdout(output.clone())
+        .stderr(output.clone())
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .envs(&limits.env);
+    if !limits.clock {
+        wasi.wall_clock(FrozenWallClock)
+            .monotonic_clock(FrozenMonotonicClock);
+    }
+    if let Some(dir) = &limits.read_dir {
+        wasi.preopened_dir(dir, GUEST_DATA_DIR, FsPerms::ReadOnly)
+            .map_err(|e| {
+                (
+                    Failure::Init,
+                    Error::invalid(format!(
+                        "plugin '{name}': cannot grant {}: {e:#}",
+                        dir.display()
+                    )),
+                )
+            })?;
+    }
+    let state = State {
+        wasi: wasi.build(),
+        table: ResourceTable::new(),
+        limits: crate::limits::Limiter {
+            memory_bytes: limits.memory_bytes,
+        },
+        model: name.clone(),
+        caller,
+        deadline: Instant::now() + limits.timeout,
+        trace: None,
+        call_path: Vec::new(),
+    };
+    let mut store = Store::new(pre.engine(), state);
+    store.limiter(|s| &mut s.limits);
+    arm(&mut store, limits).map_err(|e| (Failure::Init, e))?;
+    Ok((store, output))
 }
 
 /// Sets the deadline (and fuel) for the next call.
@@ -320,7 +463,7 @@ impl Instance for WasmInstance {
         };
         let parts: Vec<host::WitParts> = batch.iter().map(host::WitParts::new).collect();
         let parameters: Vec<_> = parts.iter().map(host::WitParts::parameters).collect();
-        let requests: Vec<host::wit::Request> = parts
+        let requests: Vec<host::wit::RequestParam> = parts
             .iter()
             .zip(&parameters)
             .map(|(p, params)| p.request(params))
@@ -334,10 +477,18 @@ impl Instance for WasmInstance {
         // A plugin sees a batch, not which request a wasi-nn call serves: calls are traced
         // under the batch's first traced request (exact for the usual batch of one).
         live.store.data_mut().trace = batch.iter().find_map(|r| r.trace.clone());
-        let result = live
-            .bindings
-            .wisp_plugin_plugin()
-            .call_execute(&mut live.store, &requests);
+        // Models this batch was called from, and this one: calls back into them are refused.
+        let state = live.store.data_mut();
+        state.call_path.clear();
+        for r in batch {
+            for m in &r.call_path {
+                if !state.call_path.contains(m) {
+                    state.call_path.push(m.clone());
+                }
+            }
+        }
+        state.call_path.push(shared.name.clone());
+        let result = live.bindings.execute(&mut live.store, &requests);
         live.store.data_mut().trace = None;
         let executed = Instant::now();
         timing.infer_ns = (executed - converted).as_nanos() as u64;

@@ -1,7 +1,8 @@
 //! `wisp-plugin-runtime`: WebAssembly components served as models (`backend: "wasm"`).
 //!
-//! A plugin is a component of the `wisp:plugin/model` world (`wit/plugin.wit`): it exports
-//! `init` and `execute` and may call the server's other models through `wasi:nn`. This crate
+//! A plugin is a component of the `wisp:plugin/model` world (`wit/plugin.wit`, 0.2.0; 0.1.0
+//! components load too): it exports `describe`, `init` and `execute` and may call the
+//! server's other models through the `models` import or `wasi:nn`. This crate
 //! compiles each model version once (caching the precompiled artifact on disk, keyed by the
 //! wasmtime version, the engine settings and the component's sha256), links it once into an
 //! `InstancePre`, and gives every instance its own store and sandbox:
@@ -14,12 +15,14 @@
 //!   `wisp_plugin_failure_total{reason}`, and the instance is replaced (a trapped instance
 //!   cannot be entered again).
 //!
-//! wasi-nn calls reach other models through a [`ModelCaller`] the server provides.
+//! `models` and wasi-nn calls reach other models through a [`ModelCaller`] the server
+//! provides; a call back into a model on the request's call path is refused.
 
 mod engine;
 mod host;
 mod instance;
 pub mod limits;
+mod models;
 mod nn;
 mod stdio;
 
@@ -28,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::{Component, HasSelf, Linker};
 use wisp_core::backend::{Backend, Instance, LoadedModel};
 use wisp_core::config::{ModelConfig, ModelIo};
 use wisp_core::env::{EnvSource, ProcessEnv};
@@ -52,6 +55,18 @@ pub trait ModelCaller: Send + Sync {
         request: InferRequest,
         deadline: Instant,
     ) -> Result<InferResponse>;
+
+    /// Runs `requests` through `model`'s scheduler all at once (so they batch), waiting at
+    /// most until `deadline`: one result per request, in order. The outer error is for the
+    /// call as a whole (an unknown or unready model). Traced requests carry their parent trace
+    /// in `request.trace`, as in [`ModelCaller::infer`].
+    fn infer_batch(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        requests: Vec<InferRequest>,
+        deadline: Instant,
+    ) -> Result<Vec<Result<InferResponse>>>;
 }
 
 /// Plugin failures by (model, version, reason), for `wisp_plugin_failure_total`.
@@ -159,7 +174,7 @@ impl WasmBackend {
         let limits = Limits::from_config(config, model_dir, &*self.env)?;
         if config.input.is_empty() || config.output.is_empty() {
             return Err(Error::invalid(format!(
-                "model '{name}': a wasm model declares its inputs and outputs in config.pbtxt"
+                "model '{name}': a wasm model declares its inputs and outputs in config.pbtxt, or describes them itself (wisp:plugin@0.2.0 `describe`)"
             )));
         }
         let wasm = std::fs::read(model_file).map_err(|e| {
@@ -176,21 +191,7 @@ impl WasmBackend {
             .map_err(|e| e.context(format!("model '{name}' ({})", model_file.display())))?;
         let compile = t0.elapsed();
         let t1 = Instant::now();
-        let mut linker: Linker<host::State> = Linker::new(engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| Error::internal(format!("cannot link WASI: {e:#}")))?;
-        host::Model::add_to_linker::<_, HasSelf<host::State>>(&mut linker, |s| s)
-            .map_err(|e| Error::internal(format!("cannot link wisp:plugin: {e:#}")))?;
-        let pre = linker.instantiate_pre(&component).map_err(|e| {
-            Error::invalid(format!(
-                "model '{name}': the component's imports cannot be satisfied (a plugin may import wasi:cli/io/clocks/filesystem/random 0.2, wasi:nn and wisp:plugin/logging): {e:#}"
-            ))
-        })?;
-        let pre = host::ModelPre::new(pre).map_err(|e| {
-            Error::invalid(format!(
-                "model '{name}': the component does not export wisp:plugin/plugin@0.1.0: {e:#}"
-            ))
-        })?;
+        let pre = link(engine, &component, name)?;
         let link = t1.elapsed();
         tracing::info!(model = %name, version, ?source, compile_ms = compile.as_secs_f64() * 1e3, "wasm component ready");
         let shared = instance::Shared {
@@ -215,11 +216,76 @@ impl WasmBackend {
     }
 }
 
-impl Backend for WasmBackend {
-    fn describe(&self, _model_file: &Path) -> Result<ModelIo> {
-        Err(Error::unsupported(
-            "a wasm model declares its inputs and outputs in config.pbtxt",
+/// Links `component` against everything a plugin may import (WASI 0.2, wasi-nn, and
+/// `wisp:plugin` 0.1.0 and 0.2.0), once per loaded version.
+fn link(engine: &wasmtime::Engine, component: &Component, name: &str) -> Result<instance::Pre> {
+    let mut linker: Linker<host::State> = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        .map_err(|e| Error::internal(format!("cannot link WASI: {e:#}")))?;
+    host::v2::Model::add_to_linker::<_, HasSelf<host::State>>(&mut linker, |s| s)
+        .map_err(|e| Error::internal(format!("cannot link wisp:plugin: {e:#}")))?;
+    // 0.1.0 components import its logging interface; wasi:nn is linked already
+    host::v1::wisp::plugin0_1_0::logging::add_to_linker::<_, HasSelf<host::State>>(
+        &mut linker,
+        |s| s,
+    )
+    .map_err(|e| Error::internal(format!("cannot link wisp:plugin@0.1.0: {e:#}")))?;
+    let pre = linker.instantiate_pre(component).map_err(|e| {
+        Error::invalid(format!(
+            "model '{name}': the component's imports cannot be satisfied (a plugin may import wasi:cli/io/clocks/filesystem/random 0.2, wasi:nn, and wisp:plugin/logging and models, 0.1.0 or 0.2.0): {e:#}"
         ))
+    })?;
+    instance::Pre::new(component, pre)
+        .map_err(|e| Error::invalid(format!("model '{name}': {}", e.message())))
+}
+
+impl Backend for WasmBackend {
+    /// What the component's `describe` export says (0.2.0 components that implement it), for
+    /// config auto-complete.
+    fn describe(&self, model_file: &Path) -> Result<ModelIo> {
+        let name = model_file
+            .parent()
+            .and_then(Path::parent)
+            .and_then(Path::file_name)
+            .map_or_else(
+                || "plugin".to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+        let wasm = std::fs::read(model_file).map_err(|e| {
+            Error::invalid(format!(
+                "model '{name}': cannot read {}: {e}",
+                model_file.display()
+            ))
+        })?;
+        let engine = self.engines.get(false)?;
+        let (component, _) = self
+            .engines
+            .compile(engine, &wasm)
+            .map_err(|e| e.context(format!("model '{name}' ({})", model_file.display())))?;
+        let pre = link(engine, &component, &name)?;
+        let Some(sig) = instance::describe(&name, &pre)? else {
+            return Err(Error::invalid(format!(
+                "model '{name}': the plugin does not describe itself (a wisp:plugin@0.2.0 `describe` returning a signature), so config.pbtxt must declare its inputs and outputs"
+            )));
+        };
+        let spec = |batched: bool, t: host::wit::TensorSpec| {
+            let mut shape = Vec::with_capacity(t.dims.len() + 1);
+            if batched {
+                shape.push(-1);
+            }
+            shape.extend(t.dims);
+            wisp_core::config::IoSpec {
+                name: t.name,
+                datatype: Some(host::from_wit_datatype(t.datatype)),
+                shape,
+            }
+        };
+        let batched = sig.max_batch_size > 0;
+        Ok(ModelIo {
+            inputs: sig.inputs.into_iter().map(|t| spec(batched, t)).collect(),
+            outputs: sig.outputs.into_iter().map(|t| spec(batched, t)).collect(),
+            max_batch_size: Some(sig.max_batch_size),
+        })
     }
 
     fn load(&self, config: &ModelConfig, model_file: &Path) -> Result<Box<dyn LoadedModel>> {

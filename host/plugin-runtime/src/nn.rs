@@ -12,7 +12,7 @@ use bytes::Bytes;
 use wasmtime::component::Resource;
 use wisp_core::{DataType, ErrorKind, InferRequest, Tensor};
 
-use crate::host::wasi::nn::{errors, graph, inference, tensor};
+use crate::host::v1::wasi::nn::{errors, graph, inference, tensor};
 use crate::host::State;
 
 /// A tensor handed between a plugin and wasi-nn.
@@ -229,8 +229,15 @@ impl inference::HostGraphExecutionContext for State {
                 "the plugin's deadline passed before compute",
             );
         }
+        if self.call_path.iter().any(|m| **m == *model) {
+            return self.nn_error(
+                errors::ErrorCode::InvalidArgument,
+                format!("model '{model}' is already on this call's path: a plugin cannot call a model that called it"),
+            );
+        }
         // the caller makes it a child trace of the request being served
         request.trace = self.trace.clone();
+        request.call_path = self.call_path.clone();
         let response = match caller.infer(&model, version.as_deref(), request, self.deadline) {
             Ok(r) => r,
             Err(e) => {

@@ -284,6 +284,7 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
         scheduling: Default::default(),
         sequence: None,
         trace: None,
+        call_path: Vec::new(),
     };
     Ok(Decoded {
         request,

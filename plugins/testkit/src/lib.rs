@@ -11,13 +11,19 @@
 //! - `probe`: returns `OUTPUT` (BYTES, one element) describing what the sandbox let it see:
 //!   `fs=<listing of /data or error>;env=<NAME=VALUE,...>;clock=<unix seconds>`.
 //!
+//! - `forward`: sends the whole batch, in one `wisp:plugin/models` call, to the model named by
+//!   the `forward_to` parameter (`name` or `name:version`), and returns what it answers (any
+//!   inputs and outputs; the request parameter `mode` is dropped, the rest pass through).
+//!
 //! `init` fails when the `fail_init` parameter is `true`.
 
+use wisp_sdk::models::Model;
 use wisp_sdk::{Error, ParamValue, Params, Plugin, Request, Response, Tensor};
 
-/// The plugin: its default mode.
+/// The plugin: its default mode, and where `forward` sends batches.
 pub struct Testkit {
     mode: String,
+    forward_to: Option<Model>,
 }
 
 fn probe() -> String {
@@ -51,7 +57,29 @@ impl Plugin for Testkit {
         }
         Ok(Testkit {
             mode: params.get("mode").unwrap_or("identity").to_string(),
+            forward_to: params.get("forward_to").map(Model::new).transpose()?,
         })
+    }
+
+    fn execute_batch(&mut self, batch: Vec<Request>) -> Vec<Result<Response, Error>> {
+        if self.mode != "forward" {
+            return batch.iter().map(|r| self.execute(r)).collect();
+        }
+        let Some(target) = &self.forward_to else {
+            let e = Error::invalid("testkit: mode 'forward' needs the 'forward_to' parameter");
+            return batch.iter().map(|_| Err(e.clone())).collect();
+        };
+        let batch: Vec<Request> = batch
+            .into_iter()
+            .map(|mut r| {
+                r.parameters.retain(|p| p.key != "mode");
+                r
+            })
+            .collect();
+        match target.infer_batch(&batch) {
+            Ok(results) => results,
+            Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
+        }
     }
 
     fn execute(&mut self, request: &Request) -> Result<Response, Error> {
@@ -123,6 +151,45 @@ mod tests {
         let t = bad.execute(&req).unwrap().outputs.remove(0);
         assert_eq!(t.shape, vec![1, 3]);
         assert!(t.check().is_ok());
+    }
+
+    #[test]
+    fn forward_sends_the_whole_batch_in_one_call() {
+        wisp_sdk::testing::serve("target", |r: &Request| {
+            assert!(r.param("mode").is_none(), "mode is not forwarded");
+            let x = r.input("INPUT")?.to_i32()?;
+            let y: Vec<i32> = x.iter().map(|v| v + 1).collect();
+            Ok(Response::new(vec![Tensor::from_i32(
+                "OUTPUT",
+                vec![1, 2],
+                &y,
+            )]))
+        });
+        let mut p = Testkit::init(&Params::from_pairs(&[
+            ("mode", "forward"),
+            ("forward_to", "target"),
+        ]))
+        .unwrap();
+        let mut req = Request::new(vec![Tensor::from_i32("INPUT", vec![1, 2], &[3, 4])]);
+        req.parameters.push(wisp_sdk::Param {
+            key: "mode".into(),
+            value: ParamValue::Text("forward".into()),
+        });
+        let out = p.execute_batch(vec![req.clone(), req]);
+        assert_eq!(out.len(), 2);
+        let y = out[1]
+            .as_ref()
+            .unwrap()
+            .output("OUTPUT")
+            .unwrap()
+            .to_i32()
+            .unwrap();
+        assert_eq!(y, vec![4, 5]);
+        assert_eq!(
+            wisp_sdk::testing::calls("target"),
+            1,
+            "one call for the batch"
+        );
     }
 
     #[test]

@@ -475,6 +475,9 @@ pub struct ModelIo {
     pub inputs: Vec<IoSpec>,
     /// Outputs.
     pub outputs: Vec<IoSpec>,
+    /// The max batch size the model file declares (a plugin's `describe`); `None` when it
+    /// declares none (ONNX: inferred from the shapes).
+    pub max_batch_size: Option<u32>,
 }
 
 /// Fills in what the config leaves out from the model file, as Triton's ONNX backend does:
@@ -483,6 +486,10 @@ pub struct ModelIo {
 pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo) {
     let all = io.inputs.iter().chain(io.outputs.iter());
     let can_batch = !io.inputs.is_empty() && all.clone().all(|t| t.shape.first() == Some(&-1));
+    if let Some(m) = io.max_batch_size.filter(|_| !cfg.max_batch_size_set) {
+        cfg.max_batch_size = i32::try_from(m).unwrap_or(i32::MAX);
+        cfg.max_batch_size_set = true;
+    }
     if !cfg.max_batch_size_set && cfg.max_batch_size == 0 && can_batch {
         // As Triton: a default max batch size > 1 also turns the dynamic batcher on.
         cfg.max_batch_size = DEFAULT_MAX_BATCH_SIZE;

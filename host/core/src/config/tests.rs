@@ -96,7 +96,32 @@ fn io() -> ModelIo {
             datatype: Some(DataType::Fp32),
             shape: vec![-1, 2],
         }],
+        max_batch_size: None,
     }
+}
+
+#[test]
+fn autocomplete_takes_a_declared_max_batch_size() {
+    let mut cfg = parse_pbtxt("plugin", "").unwrap();
+    autocomplete(
+        &mut cfg,
+        &ModelIo {
+            max_batch_size: Some(16),
+            ..io()
+        },
+    );
+    assert_eq!(cfg.max_batch_size, 16);
+    assert!(cfg.dynamic_batching.is_none(), "declared, not defaulted");
+    assert_eq!(cfg.input[0].dims, vec![3, 48, 192]);
+    let mut set = parse_pbtxt("plugin", "max_batch_size: 2").unwrap();
+    autocomplete(
+        &mut set,
+        &ModelIo {
+            max_batch_size: Some(16),
+            ..io()
+        },
+    );
+    assert_eq!(set.max_batch_size, 2, "the config's own value wins");
 }
 
 #[test]

@@ -127,6 +127,7 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
         scheduling: Default::default(),
         sequence: None,
         trace: None,
+        call_path: Vec::new(),
     };
     Ok(Decoded {
         request,

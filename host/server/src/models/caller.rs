@@ -5,6 +5,8 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use wisp_core::config::ModelConfig;
+use wisp_core::infer::{Scheduling, SequenceFlags};
+use wisp_core::trace::Trace;
 use wisp_core::{Error, InferRequest, InferResponse, Result};
 use wisp_plugin_runtime::ModelCaller;
 
@@ -64,6 +66,19 @@ impl RegistryCaller {
     }
 }
 
+/// A traced call's child trace, started (`request.trace` holds the caller's trace).
+fn start_child(m: &ModelVersion, request: &mut InferRequest) -> Option<Arc<Trace>> {
+    let child = request
+        .trace
+        .take()
+        .map(|parent| parent.child(&m.name, Some(m.version)));
+    if let Some(c) = &child {
+        c.mark("REQUEST_START");
+    }
+    request.trace = child.clone();
+    child
+}
+
 impl ModelCaller for RegistryCaller {
     fn check(&self, model: &str, version: Option<&str>) -> Result<()> {
         self.registry()?.get(model, version).map(|_| ())
@@ -79,18 +94,37 @@ impl ModelCaller for RegistryCaller {
         let m = self.registry()?.get(model, version)?;
         validate(&m, &request)?;
         // A traced plugin request's call is a child trace, as an ensemble step is.
-        let child = request
-            .trace
-            .take()
-            .map(|parent| parent.child(&m.name, Some(m.version)));
-        if let Some(c) = &child {
-            c.mark("REQUEST_START");
-        }
-        request.trace = child.clone();
+        let child = start_child(&m, &mut request);
         let result = m.infer_blocking(request, deadline);
         if let Some(c) = &child {
             c.mark("REQUEST_END");
         }
         result
+    }
+
+    fn infer_batch(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        requests: Vec<InferRequest>,
+        deadline: Instant,
+    ) -> Result<Vec<Result<InferResponse>>> {
+        let m = self.registry()?.get(model, version)?;
+        let mut children = Vec::with_capacity(requests.len());
+        let checked = requests
+            .into_iter()
+            .map(|mut request| {
+                validate(&m, &request)?;
+                request.scheduling = Scheduling::from_parameters(&request.parameters)?;
+                request.sequence = SequenceFlags::from_parameters(&request.parameters)?;
+                children.extend(start_child(&m, &mut request));
+                Ok(request)
+            })
+            .collect();
+        let results = m.infer_many_blocking(checked, deadline);
+        for c in children {
+            c.mark("REQUEST_END");
+        }
+        Ok(results)
     }
 }

@@ -221,6 +221,7 @@ impl Backend for EnsembleBackend {
         check_types(config, plan.steps(), &self.caller)?;
         let labels = producer_labels(plan.steps(), &outputs, &self.caller);
         Ok(Box::new(EnsembleModel {
+            name: config.name.as_str().into(),
             plan: Arc::new(plan),
             caller: self.caller.clone(),
             labels,
@@ -255,6 +256,7 @@ fn producer_labels(
 }
 
 struct EnsembleModel {
+    name: Arc<str>,
     plan: Arc<Plan>,
     caller: Arc<RegistryCaller>,
     labels: Vec<(String, Arc<Vec<String>>)>,
@@ -271,6 +273,7 @@ impl LoadedModel for EnsembleModel {
 
     fn new_instance(&self, _index: usize) -> Result<Box<dyn Instance>> {
         Ok(Box::new(EnsembleInstance {
+            name: self.name.clone(),
             plan: self.plan.clone(),
             caller: self.caller.clone(),
         }))
@@ -278,6 +281,8 @@ impl LoadedModel for EnsembleModel {
 }
 
 struct EnsembleInstance {
+    /// The ensemble's name, on the call path of its steps' requests.
+    name: Arc<str>,
     plan: Arc<Plan>,
     caller: Arc<RegistryCaller>,
 }
@@ -324,6 +329,9 @@ impl Instance for EnsembleInstance {
                         c.mark("REQUEST_START");
                     }
                     call.request.trace = child.clone();
+                    // a plugin step may not call back into this ensemble
+                    call.request.call_path = batch[i].call_path.clone();
+                    call.request.call_path.push(self.name.clone());
                     if let Err(e) = self.caller.submit(
                         &step.model,
                         version.as_deref(),

@@ -92,6 +92,59 @@ impl ModelVersion {
         }
     }
 
+    /// Runs `requests` through the scheduler all at once (so that they batch), from a thread
+    /// that may block, waiting at most until `deadline`: one result per request, in order.
+    /// `Err` entries of `requests` are passed through without running.
+    pub fn infer_many_blocking(
+        &self,
+        requests: Vec<Result<InferRequest>>,
+        deadline: Instant,
+    ) -> Vec<Result<InferResponse>> {
+        let n = requests.len();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut results: Vec<Option<Result<InferResponse>>> = Vec::with_capacity(n);
+        let mut waiting = 0;
+        for (i, r) in requests.into_iter().enumerate() {
+            let queued = r.and_then(|request| {
+                let tx = tx.clone();
+                self.enqueue(
+                    request,
+                    Box::new(move |r| {
+                        let _ = tx.send((i, r));
+                    }),
+                )
+            });
+            match queued {
+                Ok(()) => {
+                    waiting += 1;
+                    results.push(None);
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        drop(tx);
+        while waiting > 0 {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok((i, r)) => {
+                    results[i] = Some(r);
+                    waiting -= 1;
+                }
+                Err(_) => break,
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(Error::unavailable(format!(
+                        "model '{}' did not answer before the caller's deadline",
+                        self.name
+                    )))
+                })
+            })
+            .collect()
+    }
+
     /// The version's statistics.
     pub fn stats(&self) -> &Arc<ModelStats> {
         self.scheduler.stats()

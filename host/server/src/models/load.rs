@@ -211,7 +211,9 @@ pub(super) fn prepare_config_from(
             "invalid config for model '{name}': default_model_filename: {why}"
         ))
     })?;
-    if autocomplete && cfg.is_onnx() {
+    // A plugin describes itself only when asked: instantiating one to ask costs a compile.
+    let wasm_incomplete = cfg.is_wasm() && (cfg.input.is_empty() || cfg.output.is_empty());
+    if autocomplete && (cfg.is_onnx() || wasm_incomplete) {
         let latest = repository::select_versions(
             cfg.version_policy.as_ref().expect("normalized"),
             &repository::versions(&dir.path),
