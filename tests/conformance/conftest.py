@@ -18,7 +18,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_wisp(repo, engine, log_name, extra_args=()):
+def start_wisp(repo, engine, log_name, extra_args=(), ready_within=60):
     """Starts `wisp serve` on `repo`; returns (process, log file, urls) once it is ready."""
     binary = os.environ.get("WISP_BIN", os.path.join(ROOT, "target", "debug", "wisp"))
     port = free_port()
@@ -30,7 +30,7 @@ def start_wisp(repo, engine, log_name, extra_args=()):
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"127.0.0.1:{port}"
-    deadline = time.time() + 60
+    deadline = time.time() + ready_within
     while True:
         try:
             with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=1) as r:

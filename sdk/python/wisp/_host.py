@@ -1,0 +1,90 @@
+"""Where `wisp` meets the host: the component's imports inside the server, and the test double
+(`wisp.testing`) outside it."""
+
+from wisp._api import InferenceResponse, TritonError
+from wisp._tensor import Tensor
+
+try:
+    from wit_world.imports import logging as _logging
+    from wit_world.imports import models as _models
+    from wit_world.imports import types as _t
+    from componentize_py_types import Err, Ok
+
+    INSIDE = True
+except ImportError:  # native: tests
+    INSIDE = False
+
+_ERROR_CODES = {}
+_CODES_BACK = {}
+if INSIDE:
+    _ERROR_CODES = {
+        TritonError.INVALID_ARG: _t.ErrorCode.INVALID_ARGUMENT,
+        TritonError.NOT_FOUND: _t.ErrorCode.NOT_FOUND,
+        TritonError.UNAVAILABLE: _t.ErrorCode.UNAVAILABLE,
+        TritonError.UNSUPPORTED: _t.ErrorCode.UNSUPPORTED,
+    }
+    _CODES_BACK = {v: k for k, v in _ERROR_CODES.items()}
+
+
+def to_wit_error(e):
+    if isinstance(e, TritonError):
+        return _t.Error(code=_ERROR_CODES.get(e.code(), _t.ErrorCode.INTERNAL), message=e.message())
+    return _t.Error(code=_t.ErrorCode.INTERNAL, message=f"{type(e).__name__}: {e}")
+
+
+def from_wit_error(e):
+    return TritonError(e.message, _CODES_BACK.get(e.code, TritonError.INTERNAL))
+
+
+def to_wit_tensor(t):
+    return _t.Tensor(name=t.name(), datatype=_t.Datatype[t.datatype()], shape=t.shape(),
+                     data=t.as_bytes())
+
+
+def from_wit_tensor(t):
+    return Tensor._raw(t.name, t.datatype.name, t.shape, t.data)
+
+
+def to_wit_param(k, v):
+    if isinstance(v, bool):
+        value = _t.ParamValue_Bool(v)
+    elif isinstance(v, int):
+        value = _t.ParamValue_Int(v)
+    elif isinstance(v, float):
+        value = _t.ParamValue_Double(v)
+    else:
+        value = _t.ParamValue_Text(str(v))
+    return _t.Param(key=k, value=value)
+
+
+def call(model, version, requests):
+    """One `models.infer` call (or the test double's answer)."""
+    if not INSIDE:
+        from wisp import testing
+
+        return testing._call(model, requests)
+    batch = [
+        _t.Request(id=r.request_id, inputs=[to_wit_tensor(t) for t in r.inputs()],
+                   requested_outputs=list(r.requested_output_names),
+                   parameters=[to_wit_param(k, v) for k, v in r.parameters.items()])
+        for r in requests
+    ]
+    try:
+        results = _models.infer(model, version, batch)
+    except Err as e:
+        err = from_wit_error(e.value)
+        return [InferenceResponse(error=err) for _ in requests]
+    out = []
+    for r in results:
+        if isinstance(r, Ok):
+            out.append(InferenceResponse([from_wit_tensor(t) for t in r.value.outputs]))
+        else:
+            out.append(InferenceResponse(error=from_wit_error(r.value)))
+    return out
+
+
+def log(level, message):
+    if not INSIDE:
+        print(f"[{level}] {message}")
+        return
+    _logging.log(_logging.Level[level.upper()], str(message))
