@@ -13,7 +13,8 @@
 //!
 //! - `forward`: sends the whole batch, in one `wisp:plugin/models` call, to the model named by
 //!   the `forward_to` parameter (`name` or `name:version`), and returns what it answers (any
-//!   inputs and outputs; the request parameter `mode` is dropped, the rest pass through).
+//!   inputs and outputs; the request parameter `mode` is dropped, the rest pass through);
+//! - `forward_each`: the same with one call per request (the benchmark's baseline).
 //!
 //! `init` fails when the `fail_init` parameter is `true`.
 
@@ -62,11 +63,11 @@ impl Plugin for Testkit {
     }
 
     fn execute_batch(&mut self, batch: Vec<Request>) -> Vec<Result<Response, Error>> {
-        if self.mode != "forward" {
+        if self.mode != "forward" && self.mode != "forward_each" {
             return batch.iter().map(|r| self.execute(r)).collect();
         }
         let Some(target) = &self.forward_to else {
-            let e = Error::invalid("testkit: mode 'forward' needs the 'forward_to' parameter");
+            let e = Error::invalid("testkit: forwarding needs the 'forward_to' parameter");
             return batch.iter().map(|_| Err(e.clone())).collect();
         };
         let batch: Vec<Request> = batch
@@ -76,6 +77,10 @@ impl Plugin for Testkit {
                 r
             })
             .collect();
+        if self.mode == "forward_each" {
+            // one call per request: what a plugin without batched calls does
+            return batch.iter().map(|r| target.infer(r)).collect();
+        }
         match target.infer_batch(&batch) {
             Ok(results) => results,
             Err(e) => batch.iter().map(|_| Err(e.clone())).collect(),
