@@ -239,6 +239,115 @@ fn link(engine: &wasmtime::Engine, component: &Component, name: &str) -> Result<
         .map_err(|e| Error::invalid(format!("model '{name}': {}", e.message())))
 }
 
+/// What `wisp plugin check` reports about a component file.
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    /// The file's size.
+    pub bytes: u64,
+    /// The `wisp:plugin` version it implements (`0.2.0`, `0.1.0`), if any.
+    pub world: Option<&'static str>,
+    /// What it imports, each with what the sandbox makes of it.
+    pub imports: Vec<(String, &'static str)>,
+    /// Why it cannot be linked (it would not load), if so.
+    pub link_error: Option<String>,
+    /// What its `describe` says (0.2.0 components that describe themselves).
+    pub signature: Option<ModelIo>,
+}
+
+/// What the sandbox makes of an import, by interface name.
+pub fn import_note(name: &str) -> &'static str {
+    let iface = name.split('@').next().unwrap_or(name);
+    match iface {
+        "wisp:plugin/logging" => "granted: lines go to the server's log",
+        "wisp:plugin/models" | "wasi:nn/graph" | "wasi:nn/inference" => {
+            "granted: calls the server's other models"
+        }
+        "wisp:plugin/types" | "wasi:nn/tensor" | "wasi:nn/errors" => "types only",
+        "wasi:cli/environment" => "empty unless wasm.allow_env grants variables",
+        "wasi:cli/stdout" | "wasi:cli/stderr" => "granted: lines go to the server's log",
+        "wasi:clocks/wall-clock" | "wasi:clocks/monotonic-clock" => {
+            "reads 0 unless wasm.allow_clock is true"
+        }
+        "wasi:filesystem/types" | "wasi:filesystem/preopens" => {
+            "no files unless wasm.allow_read_dir mounts one read-only at /data"
+        }
+        _ if iface.starts_with("wasi:sockets/") => "linked, but every network use is denied",
+        _ if iface.starts_with("wasi:cli/")
+            || iface.starts_with("wasi:io/")
+            || iface.starts_with("wasi:random/") =>
+        {
+            "granted"
+        }
+        _ => "NOT PROVIDED: the server cannot link it, so the component will not load",
+    }
+}
+
+impl WasmBackend {
+    /// Compiles and links `file` as a load would, and reports its world, its imports and what
+    /// its `describe` says (`wisp plugin check`).
+    pub fn inspect(&self, file: &Path) -> Result<Inspection> {
+        let wasm = std::fs::read(file)
+            .map_err(|e| Error::invalid(format!("cannot read {}: {e}", file.display())))?;
+        let engine = self.engines.get(false)?;
+        let (component, _) = self
+            .engines
+            .compile(engine, &wasm)
+            .map_err(|e| e.context(file.display().to_string()))?;
+        let world = ["0.2.0", "0.1.0"].into_iter().find(|v| {
+            component
+                .get_export_index(None, format!("wisp:plugin/plugin@{v}"))
+                .is_some()
+        });
+        let imports = component
+            .component_type()
+            .imports(engine)
+            .map(|(name, _)| (name.to_string(), import_note(name)))
+            .collect();
+        let name = file
+            .file_stem()
+            .map_or_else(|| "plugin".into(), |s| s.to_string_lossy().into_owned());
+        let (link_error, signature) = match link(engine, &component, &name) {
+            Err(e) => (Some(e.message().to_string()), None),
+            Ok(pre) => match instance::describe(&name, &pre) {
+                Ok(sig) => (None, sig.map(signature_io)),
+                Err(e) => (Some(e.message().to_string()), None),
+            },
+        };
+        Ok(Inspection {
+            bytes: wasm.len() as u64,
+            world: world.map(|w| match w {
+                "0.2.0" => "wisp:plugin@0.2.0",
+                _ => "wisp:plugin@0.1.0",
+            }),
+            imports,
+            link_error,
+            signature,
+        })
+    }
+}
+
+/// A `describe` signature as model-file I/O (the batch dimension as a leading -1).
+fn signature_io(sig: host::wit::Signature) -> ModelIo {
+    let batched = sig.max_batch_size > 0;
+    let spec = |t: host::wit::TensorSpec| {
+        let mut shape = Vec::with_capacity(t.dims.len() + 1);
+        if batched {
+            shape.push(-1);
+        }
+        shape.extend(t.dims);
+        wisp_core::config::IoSpec {
+            name: t.name,
+            datatype: Some(host::from_wit_datatype(t.datatype)),
+            shape,
+        }
+    };
+    ModelIo {
+        inputs: sig.inputs.into_iter().map(spec).collect(),
+        outputs: sig.outputs.into_iter().map(spec).collect(),
+        max_batch_size: Some(sig.max_batch_size),
+    }
+}
+
 impl Backend for WasmBackend {
     /// What the component's `describe` export says (0.2.0 components that implement it), for
     /// config auto-complete.
@@ -268,24 +377,7 @@ impl Backend for WasmBackend {
                 "model '{name}': the plugin does not describe itself (a wisp:plugin@0.2.0 `describe` returning a signature), so config.pbtxt must declare its inputs and outputs"
             )));
         };
-        let spec = |batched: bool, t: host::wit::TensorSpec| {
-            let mut shape = Vec::with_capacity(t.dims.len() + 1);
-            if batched {
-                shape.push(-1);
-            }
-            shape.extend(t.dims);
-            wisp_core::config::IoSpec {
-                name: t.name,
-                datatype: Some(host::from_wit_datatype(t.datatype)),
-                shape,
-            }
-        };
-        let batched = sig.max_batch_size > 0;
-        Ok(ModelIo {
-            inputs: sig.inputs.into_iter().map(|t| spec(batched, t)).collect(),
-            outputs: sig.outputs.into_iter().map(|t| spec(batched, t)).collect(),
-            max_batch_size: Some(sig.max_batch_size),
-        })
+        Ok(signature_io(sig))
     }
 
     fn load(&self, config: &ModelConfig, model_file: &Path) -> Result<Box<dyn LoadedModel>> {

@@ -109,6 +109,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Serve(settings) => settings,
         Command::Sign(args) => return sign(args),
         Command::Keygen(args) => return keygen(args),
+        Command::Plugin(cmd) => return crate::plugin_cli::run(cmd),
     };
     // Before any thread starts (tokio's, the loaders', the instances').
     let arenas = crate::alloc::limit_arenas(&*settings.env);

@@ -16,6 +16,7 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod models;
+pub mod plugin_cli;
 pub mod restricted;
 pub mod service;
 pub mod settings;

@@ -43,6 +43,9 @@ pub enum Command {
     Sign(SignArgs),
     /// Make an ed25519 key pair for signing models: `<out>.key` (secret) and `<out>.pub`.
     Keygen(KeygenArgs),
+    /// Scaffold, build, check and run wasm plugins without a server.
+    #[command(subcommand)]
+    Plugin(crate::plugin_cli::PluginCommand),
 }
 
 /// `wisp sign`.

@@ -24,9 +24,9 @@ enum Input {
 
 mod json_data;
 
-/// Tensor `data` text → bytes (exposed for the fuzz tests).
-#[cfg(test)]
-pub(crate) fn json_data_decode(dt: DataType, json: &str, count: usize) -> Result<Vec<u8>> {
+/// Tensor `data` text (a JSON array, flat or nested) → bytes of `count` elements of `dt`
+/// (also what `wisp plugin run` reads its inputs with, and the fuzz tests call).
+pub fn json_data_decode(dt: DataType, json: &str, count: usize) -> Result<Vec<u8>> {
     json_data::decode(dt, json, count)
 }
 
