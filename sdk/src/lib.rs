@@ -101,6 +101,35 @@ impl Error {
     }
 }
 
+/// `?` on these inside `execute` or `init` becomes an `invalid-argument` error (HTTP 400) with
+/// the error's text: they arise from bad input (text that is not UTF-8, a number that does not
+/// parse). Map other failures yourself with [`Error::internal`] and friends.
+macro_rules! invalid_from {
+    ($($t:ty),*) => {
+        $(impl From<$t> for Error {
+            fn from(e: $t) -> Self {
+                Error::invalid(e.to_string())
+            }
+        })*
+    };
+}
+
+invalid_from!(
+    std::str::Utf8Error,
+    std::string::FromUtf8Error,
+    std::num::ParseIntError,
+    std::num::ParseFloatError,
+    std::num::TryFromIntError,
+    std::char::CharTryFromError
+);
+
+impl From<std::io::Error> for Error {
+    /// An I/O failure inside the sandbox (a granted file that cannot be read): `internal`.
+    fn from(e: std::io::Error) -> Self {
+        Error::internal(format!("I/O: {e}"))
+    }
+}
+
 impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -341,6 +370,20 @@ mod tests {
         let e = p.parse_or("bad", 0u32).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidArgument);
         assert!(e.message.contains("'bad'"));
+    }
+
+    #[test]
+    fn question_mark_converts_bad_input() {
+        fn parse(s: &str) -> Result<u32, Error> {
+            Ok(s.parse::<u32>()?)
+        }
+        fn text(b: &[u8]) -> Result<&str, Error> {
+            Ok(std::str::from_utf8(b)?)
+        }
+        let e = parse("x").unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        assert!(text(&[0xff]).is_err());
+        assert_eq!(parse("7").unwrap(), 7);
     }
 
     #[test]

@@ -177,6 +177,82 @@ impl Tensor {
         Ok(out)
     }
 
+    /// Joins tensors of one name and datatype along the batch (first) dimension — the first
+    /// step of a batch-level model call: concatenate, one call, then [`Tensor::split_rows`].
+    pub fn concat_rows(parts: &[&Tensor]) -> Result<Tensor, Error> {
+        let first = parts
+            .first()
+            .ok_or_else(|| Error::invalid("concat_rows: no tensors"))?;
+        let mut rows = 0i64;
+        let mut data = Vec::with_capacity(parts.iter().map(|t| t.data.len()).sum());
+        for t in parts {
+            if t.datatype != first.datatype
+                || t.shape.is_empty()
+                || t.shape[1..] != first.shape[1..]
+            {
+                return Err(Error::invalid(format!(
+                    "concat_rows: tensor '{}' is {} {:?}, the first is {} {:?}",
+                    t.name,
+                    t.datatype.as_str(),
+                    t.shape,
+                    first.datatype.as_str(),
+                    first.shape
+                )));
+            }
+            rows += t.shape[0];
+            data.extend_from_slice(&t.data);
+        }
+        let mut shape = first.shape.clone();
+        shape[0] = rows;
+        Ok(Tensor {
+            name: first.name.clone(),
+            datatype: first.datatype,
+            shape,
+            data,
+        })
+    }
+
+    /// Splits a tensor along its batch (first) dimension into parts of `rows` rows each (which
+    /// must add up to its first dimension).
+    pub fn split_rows(&self, rows: &[usize]) -> Result<Vec<Tensor>, Error> {
+        let total = self.shape.first().copied().unwrap_or(0).max(0) as usize;
+        if rows.iter().sum::<usize>() != total {
+            return Err(Error::invalid(format!(
+                "split_rows: tensor '{}' has {total} rows, not {}",
+                self.name,
+                rows.iter().sum::<usize>()
+            )));
+        }
+        let per_row: usize = self.shape[1..].iter().map(|&d| d.max(0) as usize).product();
+        let elements: Option<Vec<&[u8]>> = match self.datatype.size() {
+            Some(_) => None,
+            None => Some(self.strings()?),
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        let (mut byte, mut element) = (0usize, 0usize);
+        for &n in rows {
+            let len = match (self.datatype.size(), &elements) {
+                (Some(size), _) => n * per_row * size,
+                (None, Some(e)) => e[element..element + n * per_row]
+                    .iter()
+                    .map(|x| 4 + x.len())
+                    .sum(),
+                (None, None) => unreachable!("BYTES elements were read above"),
+            };
+            let mut shape = self.shape.clone();
+            shape[0] = n as i64;
+            out.push(Tensor {
+                name: self.name.clone(),
+                datatype: self.datatype,
+                shape,
+                data: self.data[byte..byte + len].to_vec(),
+            });
+            byte += len;
+            element += n * per_row;
+        }
+        Ok(out)
+    }
+
     /// Number of elements the shape calls for.
     pub fn element_count(&self) -> usize {
         self.shape.iter().map(|&d| d.max(0) as usize).product()
@@ -245,6 +321,26 @@ mod tests {
         );
         let i = Tensor::from_i64("i", vec![2], &[-1, 1 << 40]);
         assert_eq!(i.to_i64().unwrap(), vec![-1, 1 << 40]);
+    }
+
+    #[test]
+    fn rows_concatenate_and_split_back() {
+        let a = Tensor::from_f32("x", vec![1, 2], &[1.0, 2.0]);
+        let b = Tensor::from_f32("x", vec![2, 2], &[3.0, 4.0, 5.0, 6.0]);
+        let all = Tensor::concat_rows(&[&a, &b]).unwrap();
+        assert_eq!(all.shape, vec![3, 2]);
+        let back = all.split_rows(&[1, 2]).unwrap();
+        let same = |x: &Tensor, y: &Tensor| x.shape == y.shape && x.data == y.data;
+        assert!(same(&back[0], &a) && same(&back[1], &b));
+        let s1 = Tensor::from_strings("s", vec![1, 2], ["ab", ""]);
+        let s2 = Tensor::from_strings("s", vec![1, 2], ["c", "dé"]);
+        let joined = Tensor::concat_rows(&[&s1, &s2]).unwrap();
+        assert!(joined.check().is_ok());
+        let parts = joined.split_rows(&[1, 1]).unwrap();
+        assert!(same(&parts[1], &s2));
+        assert!(all.split_rows(&[1]).is_err());
+        let c = Tensor::from_f32("x", vec![1, 3], &[0.0; 3]);
+        assert!(Tensor::concat_rows(&[&a, &c]).is_err());
     }
 
     #[test]

@@ -893,3 +893,73 @@ async fn a_plugin_that_describes_itself_needs_no_config() {
     assert!(reason.contains("does not describe itself"), "{reason}");
     server.shutdown().await.unwrap();
 }
+
+/// The batch-level BLS example: a plugin batch becomes one request to the model (inputs
+/// concatenated, outputs split back), so the ONNX model runs far fewer executions than the
+/// plugin receives requests, and each client gets its own rows back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_level_bls_plugin_makes_one_call_per_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path();
+    copy_dir(
+        &workspace_root().join("tests/fixtures/repo/add_sub"),
+        &repo.join("add_sub"),
+    )
+    .unwrap();
+    add_plugin_model(
+        repo,
+        "bls",
+        1,
+        "batch-bls",
+        &format!(
+            r#"backend: "wasm"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }}, {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }}, {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{}"#,
+            param("model", "add_sub")
+        ),
+    );
+    let server = start_plugins(repo).await;
+    let addr = server.http_addr();
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            tokio::spawn(async move {
+                let mut c = Client::connect(addr).await.unwrap();
+                let a = vec![i as f32; 16];
+                let r = c
+                    .post_json(
+                        "/v2/models/bls/infer",
+                        &json!({"inputs": [
+                            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": a},
+                            {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]}]}),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                let out = r.json()["outputs"].clone();
+                let sum = out.as_array().unwrap().iter().find(|o| o["name"] == "OUTPUT0").unwrap();
+                assert_eq!(sum["shape"], json!([1, 16]));
+                assert_eq!(sum["data"][0], json!(i as f64 + 1.0), "its own rows");
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut c = Client::connect(addr).await.unwrap();
+    let stats = c
+        .get("/v2/models/add_sub/versions/1/stats")
+        .await
+        .unwrap()
+        .json()["model_stats"][0]
+        .clone();
+    let executions = stats["execution_count"].as_u64().unwrap();
+    assert!(
+        executions < 16,
+        "{executions} executions for 16 requests: {stats}"
+    );
+    server.shutdown().await.unwrap();
+}
