@@ -613,6 +613,24 @@ fn forward(datatype: &str, dims: &str, target: &str) -> String {
     )
 }
 
+/// An INT32 `INPUT` → `OUTPUT` ensemble `name` of one step, `step`.
+fn one_step_ensemble(repo: &Path, name: &str, step: &str) {
+    std::fs::create_dir_all(repo.join(name).join("1")).unwrap();
+    std::fs::write(
+        repo.join(name).join("config.pbtxt"),
+        format!(
+            r#"platform: "ensemble"
+max_batch_size: 4
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1
+  input_map {{ key: "INPUT" value: "INPUT" }} output_map {{ key: "OUTPUT" value: "OUTPUT" }} }} ] }}
+"#
+        ),
+    )
+    .unwrap();
+}
+
 /// `wisp:plugin@0.2.0`: 0.1.0 and 0.2.0 components side by side, and the `models` import —
 /// calls carrying BYTES and BOOL, to an ensemble, to another plugin and to a 0.1.0 one,
 /// batched into the called model's scheduler, with self-calls and cycles refused at once.
@@ -681,60 +699,18 @@ async fn plugins_call_models_with_full_requests_in_batches() {
         "testkit",
         &forward("TYPE_BOOL", "[ 2 ]", "bools:1"),
     );
-    std::fs::create_dir_all(repo.join("ens/1")).unwrap();
-    std::fs::write(
-        repo.join("ens/config.pbtxt"),
-        r#"platform: "ensemble"
-max_batch_size: 4
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
-ensemble_scheduling { step [ { model_name: "legacy" model_version: -1
-  input_map { key: "INPUT" value: "INPUT" } output_map { key: "OUTPUT" value: "OUTPUT" } } ] }
-"#,
-    )
-    .unwrap();
-    add_plugin_model(repo, "fwd_ens", 1, "testkit", &forward(int.0, int.1, "ens"));
-    add_plugin_model(
-        repo,
-        "itself",
-        1,
-        "testkit",
-        &forward(int.0, int.1, "itself"),
-    );
-    add_plugin_model(
-        repo,
-        "cycle_a",
-        1,
-        "testkit",
-        &forward(int.0, int.1, "cycle_b"),
-    );
-    add_plugin_model(
-        repo,
-        "cycle_b",
-        1,
-        "testkit",
-        &forward(int.0, int.1, "cycle_a"),
-    );
-    // an ensemble whose step calls back into it
-    std::fs::create_dir_all(repo.join("ens_loop/1")).unwrap();
-    std::fs::write(
-        repo.join("ens_loop/config.pbtxt"),
-        r#"platform: "ensemble"
-max_batch_size: 4
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
-ensemble_scheduling { step [ { model_name: "back" model_version: -1
-  input_map { key: "INPUT" value: "INPUT" } output_map { key: "OUTPUT" value: "OUTPUT" } } ] }
-"#,
-    )
-    .unwrap();
-    add_plugin_model(
-        repo,
-        "back",
-        1,
-        "testkit",
-        &forward(int.0, int.1, "ens_loop"),
-    );
+    one_step_ensemble(repo, "ens", "legacy");
+    // the last is an ensemble whose step calls back into it
+    for (model, target) in [
+        ("fwd_ens", "ens"),
+        ("itself", "itself"),
+        ("cycle_a", "cycle_b"),
+        ("cycle_b", "cycle_a"),
+        ("back", "ens_loop"),
+    ] {
+        add_plugin_model(repo, model, 1, "testkit", &forward(int.0, int.1, target));
+    }
+    one_step_ensemble(repo, "ens_loop", "back");
     let server = start_plugins(repo).await;
     let mut c = Client::connect(server.http_addr()).await.unwrap();
 
