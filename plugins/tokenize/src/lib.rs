@@ -4,7 +4,9 @@
 //!
 //! Input `TEXT` (BYTES, UTF-8, one text per element; `[batch, 1]` or `[batch]`) → outputs
 //! `input_ids`, `attention_mask`, `token_type_ids` (INT64, `[batch, length]`), padded to the
-//! longest text of the request and truncated to `max_length`.
+//! longest text of the request and truncated to `max_length`; and `token_count` (INT64
+//! `[batch, 1]`), each text's tokens after truncation, special tokens included (what an API
+//! reports as usage).
 //!
 //! Parameters:
 //! - `tokenizer`: the file, inside the read-only directory granted with
@@ -75,6 +77,14 @@ impl Tokenize {
                 &column(&|e| e.get_attention_mask()),
             ),
             Tensor::from_i64("token_type_ids", shape, &column(&|e| e.get_type_ids())),
+            Tensor::from_i64(
+                "token_count",
+                vec![rows, 1],
+                &encodings
+                    .iter()
+                    .map(|e| e.get_attention_mask().iter().map(|&m| i64::from(m)).sum())
+                    .collect::<Vec<i64>>(),
+            ),
         ])
     }
 }
@@ -156,6 +166,9 @@ mod tests {
         assert_eq!(out[0].shape, vec![2, 4]);
         assert_eq!(out[0].to_i64().unwrap(), vec![2, 4, 6, 3, 2, 4, 3, 0]);
         assert_eq!(out[1].to_i64().unwrap(), vec![1, 1, 1, 1, 1, 1, 1, 0]);
+        assert_eq!(out[3].name, "token_count");
+        assert_eq!(out[3].shape, vec![2, 1]);
+        assert_eq!(out[3].to_i64().unwrap(), vec![4, 3], "after truncation, specials included");
         assert!(Tokenize::from_json(&tiny(), Some(0), true).is_err());
         assert!(Tokenize::from_json(b"{}", None, true).is_err());
     }
