@@ -110,3 +110,134 @@ def test_32_concurrent_clients_get_their_own_embeddings(embedding_server):
     executions = after["execution_count"] - before["execution_count"]
     assert inferences == 32 * 6
     assert executions < inferences, "the encoder never batched requests together"
+
+
+# --- The OpenAI-compatible API, driven by the real `openai` client library -------------------
+
+def openai_client(server):
+    import openai
+    return openai.OpenAI(base_url=f"http://{server['url']}/v1", api_key="unused", max_retries=0,
+                         timeout=60)
+
+
+def test_openai_single_input_and_usage(embedding_server):
+    texts, want = reference()
+    client = openai_client(embedding_server)
+    r = client.embeddings.create(model="text_embedding", input=texts[0])
+    assert r.object == "list" and r.model == "text_embedding"
+    assert len(r.data) == 1 and r.data[0].index == 0 and r.data[0].object == "embedding"
+    assert cosines([r.data[0].embedding], want[:1])[0] >= 0.9999
+    assert r.usage.prompt_tokens == r.usage.total_tokens == token_counts(texts[:1])[0]
+
+
+@pytest.mark.parametrize("encoding", ["float", "base64"])
+def test_openai_batch_input(embedding_server, encoding):
+    texts, want = reference()
+    texts, want = texts[2:], want[2:]  # no empty text: the API refuses those
+    client = openai_client(embedding_server)
+    r = client.embeddings.create(model="text_embedding", input=texts, encoding_format=encoding)
+    assert [d.index for d in r.data] == list(range(len(texts)))
+    if encoding == "base64":  # asked for explicitly, the client hands the strings back as they are
+        import base64
+        got = np.array([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4")
+                        for d in r.data], dtype=np.float64)
+    else:
+        got = np.array([d.embedding for d in r.data], dtype=np.float64)
+    assert got.shape == (len(texts), 384)
+    assert cosines(got, want).min() >= 0.9999
+    assert r.usage.prompt_tokens == sum(token_counts(texts))
+
+
+def test_openai_base64_is_little_endian_f32(embedding_server):
+    import base64
+    import urllib.request
+    body = json.dumps({"model": "text_embedding", "input": ["Hello world"],
+                       "encoding_format": "base64"}).encode()
+    req = urllib.request.Request(f"http://{embedding_server['url']}/v1/embeddings", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        answer = json.load(resp)
+    vec = np.frombuffer(base64.b64decode(answer["data"][0]["embedding"]), dtype="<f4")
+    _, want = reference()
+    assert vec.shape == (384,) and cosines([vec], want[:1])[0] >= 0.9999
+
+
+def test_openai_lists_models(embedding_server):
+    client = openai_client(embedding_server)
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["text_embedding"], "only models whose config joins the API are listed"
+    m = client.models.retrieve("text_embedding")
+    assert m.id == "text_embedding" and m.owned_by == "wisp" and m.created > 1.7e9
+
+
+def test_openai_errors(embedding_server):
+    import openai
+    client = openai_client(embedding_server)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.embeddings.create(model="no_such_model", input="hi")
+    assert e.value.code == "model_not_found" and "no_such_model" in e.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="all_minilm_l6_v2", input="hi")  # served, but not here
+    for empty in ["", [], ["fine", ""]]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.embeddings.create(model="text_embedding", input=empty)
+        assert e.value.status_code == 400 and e.value.param == "input", empty
+        assert e.value.type == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model="text_embedding", input="hi", dimensions=64)
+    assert e.value.param == "dimensions" and "384" in e.value.message
+    # The model's own size is fine.
+    r = client.embeddings.create(model="text_embedding", input="hi", dimensions=384)
+    assert len(r.data[0].embedding) == 384
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model="text_embedding", input=[[101, 102]])
+    assert e.value.param == "input" and "token ids" in e.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no_such_model")
+
+
+def test_openai_over_long_input_is_truncated_to_the_configured_length(embedding_server):
+    texts, want = reference()
+    longest = max(range(len(texts)), key=lambda i: len(texts[i]))
+    client = openai_client(embedding_server)
+    r = client.embeddings.create(model="text_embedding", input=texts[longest])
+    assert r.usage.prompt_tokens == 256, "max_length of model_repo/text_tokenize"
+    assert cosines([r.data[0].embedding], want[longest:longest + 1])[0] >= 0.9999
+    r = client.embeddings.create(model="text_embedding", input="word " * 20000)
+    assert r.usage.prompt_tokens == 256
+
+
+def test_openai_counts_in_statistics_and_metrics(embedding_server):
+    c = httpclient.InferenceServerClient(url=embedding_server["url"])
+    before = c.get_inference_statistics("text_embedding")["model_stats"][0]
+    openai_client(embedding_server).embeddings.create(model="text_embedding", input=["a", "b"])
+    after = c.get_inference_statistics("text_embedding")["model_stats"][0]
+    assert after["inference_count"] - before["inference_count"] == 2
+    assert after["inference_stats"]["success"]["count"] > before["inference_stats"]["success"]["count"]
+
+
+def test_32_concurrent_openai_clients_get_their_own_embeddings(embedding_server):
+    texts, want = reference()
+    keep = [i for i, t in enumerate(texts) if t]
+    errors = []
+
+    def client(i):
+        try:
+            own = openai_client(embedding_server)
+            for k in range(4):  # bounded: 32 × 4 requests of 1 to 3 texts
+                picks = [keep[(i * 3 + k + j) % len(keep)] for j in range(1 + (i + k) % 3)]
+                r = own.embeddings.create(model="text_embedding", input=[texts[j] for j in picks])
+                got = np.array([d.embedding for d in r.data], dtype=np.float64)
+                cos = cosines(got, want[picks])
+                if got.shape[0] != len(picks) or cos.min() < 0.9999:
+                    errors.append(f"client {i} request {k}: texts {picks} cosines {cos}")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"client {i}: {e!r}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a client hung"
+    assert not errors, errors[:5]

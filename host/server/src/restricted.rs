@@ -81,6 +81,8 @@ impl ApiGroup {
             ["v2", "trace", ..] => ApiGroup::Trace,
             ["v2", "systemsharedmemory" | "cudasharedmemory", ..] => ApiGroup::SharedMemory,
             ["v2", "models", "stats"] => ApiGroup::Statistics,
+            // The OpenAI-compatible API (/v1/embeddings, /v1/models) is inference.
+            ["v1", ..] => ApiGroup::Inference,
             ["v2", "models", rest @ ..] if !rest.is_empty() => match rest.last() {
                 Some(&"ready") => ApiGroup::Health,
                 Some(&"infer") => ApiGroup::Inference,
@@ -296,6 +298,9 @@ mod tests {
             ("v2/logging", Some(Logging)),
             ("v2/trace/setting", Some(Trace)),
             ("v2/systemsharedmemory/status", Some(SharedMemory)),
+            ("v1/embeddings", Some(Inference)),
+            ("v1/models", Some(Inference)),
+            ("v1/models/m", Some(Inference)),
             ("v3", None),
         ] {
             let segs: Vec<&str> = path.split('/').collect();

@@ -12,6 +12,7 @@
 
 pub mod codec;
 pub mod error;
+pub mod openai;
 
 use std::io::Read;
 use std::sync::Arc;
@@ -64,10 +65,16 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
             .restricted
             .check(group, |h| headers.get(h).map(|v| v.as_bytes()))
         {
-            let body =
-                json!({ "error": format!("This API is restricted, expecting header '{header}'") });
+            let message = format!("This API is restricted, expecting header '{header}'");
+            if segs.first() == Some(&"v1") {
+                return openai::error_with_status(StatusCode::FORBIDDEN, &message, None, None);
+            }
+            let body = json!({ "error": message });
             return (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
         }
+    }
+    if segs.first() == Some(&"v1") {
+        return openai::route(&app, &segs, &method, req).await;
     }
     let result = match (segs.as_slice(), &method) {
         (["v2"], &Method::GET) => Ok(server_metadata(&app)),

@@ -24,6 +24,8 @@ pub struct ModelVersion {
     pub engine: String,
     /// Seconds it took to load (and warm up).
     pub load_secs: f64,
+    /// When it became ready (wall clock).
+    pub loaded_at: std::time::SystemTime,
     /// For an ensemble, the models its steps call, with the version each asks for (read from
     /// the config once, at load).
     pub composing: Vec<(String, Option<u64>)>,

@@ -235,6 +235,8 @@ pub(super) fn prepare_config_from(
         }
     }
     config::validate(&cfg, name, &dir.path)?;
+    // `openai.*` parameters that do not fit the signature fail the load, not each API call.
+    crate::service::openai::EmbeddingApi::of(&cfg)?;
     if config_json.is_some() && cfg.is_wasm() {
         // A config from the network may narrow the repository's sandbox, never widen it.
         let base = match std::fs::read_to_string(dir.path.join("config.pbtxt")) {
@@ -341,6 +343,7 @@ fn load_version(
         labels,
         engine,
         load_secs: start.elapsed().as_secs_f64(),
+        loaded_at: std::time::SystemTime::now(),
         scheduler,
         sequencer,
     })

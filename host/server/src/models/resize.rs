@@ -120,6 +120,7 @@ impl Registry {
                     labels: m.labels.clone(),
                     engine: m.engine.clone(),
                     load_secs: m.load_secs,
+                    loaded_at: m.loaded_at,
                     composing: m.composing.clone(),
                     scheduler: m.scheduler.clone(),
                     sequencer: m.sequencer.clone(),

@@ -14,6 +14,7 @@
 
 pub mod control;
 pub mod infer;
+pub mod openai;
 pub mod otel;
 pub mod query;
 pub mod shm;
