@@ -37,12 +37,18 @@
 //!   cold compile and load from the cache; (d) a BLS plugin forwarding to `add_sub` with its
 //!   whole batch in one `models` call vs one call per request, at concurrency 8 and 32.
 //!
+//! - `embeddings` (not in the default set): all-MiniLM-L6-v2 text embeddings through
+//!   `/v1/embeddings`, the `text_embedding` ensemble, the encoder alone pre-tokenized, and the
+//!   same pipeline in one Python process, at concurrency 1, 8, 32; the tokenizer step in wasm
+//!   vs native (see `embeddings.rs`).
+//!
 //! - `soak` (not in the default set): the release `wisp` in its own process under mixed good,
 //!   bad and slow traffic with periodic reloads for `--soak-minutes`; RSS, p50 and p99 per
 //!   minute (see `soak.rs`).
 //!
 //! Every loop is bounded by time and count; traffic is loopback only.
 
+mod embeddings;
 mod soak;
 
 use std::path::{Path, PathBuf};
@@ -1795,10 +1801,11 @@ fn main() -> anyhow::Result<()> {
             "shm" => shm_suite(&args, &rt, engine)?,
             "trace" => trace_suite(&args, &rt, engine)?,
             "languages" => languages_suite(&args, &rt, &backend, engine)?,
+            "embeddings" => embeddings::suite(&args, &rt, &backend, engine)?,
             "soak" => soak::soak(&rt, args.soak_minutes)?,
             other => {
                 anyhow::bail!(
-                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines, sequence, shm, trace, languages, soak)"
+                    "unknown suite '{other}' (http, batching, grpc, swap, plugins, pipelines, sequence, shm, trace, languages, embeddings, soak)"
                 )
             }
         }
