@@ -15,6 +15,7 @@ from conftest import ROOT, start_wisp, stop_wisp
 
 MODEL = os.path.join(ROOT, "model_repo", "text_tokenize")
 MAX_LENGTH = 256  # model_repo/text_tokenize/config.pbtxt
+PAD_MULTIPLE = 8  # its pad_to_multiple_of
 
 
 def corpus():
@@ -40,7 +41,7 @@ def tokenize_server(tmp_path_factory):
 def reference(lines):
     tok = Tokenizer.from_file(os.path.join(MODEL, "data", "tokenizer.json"))
     tok.enable_truncation(MAX_LENGTH)
-    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    tok.enable_padding(pad_id=0, pad_token="[PAD]", pad_to_multiple_of=PAD_MULTIPLE)
     enc = tok.encode_batch(lines, add_special_tokens=True)
     return (np.array([e.ids for e in enc], dtype=np.int64),
             np.array([e.attention_mask for e in enc], dtype=np.int64),

@@ -20,7 +20,7 @@ mod stats;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -98,6 +98,8 @@ struct Shared {
     /// For jobs pinned to instances (sequences): how many requests each instance can be sent
     /// at most at once. A batch that holds that many goes at once: no other can arrive.
     demand: std::sync::OnceLock<Arc<Vec<AtomicUsize>>>,
+    /// The reference point of `busy` marks.
+    epoch: Instant,
 }
 
 /// A model version's queue and its instance threads.
@@ -105,6 +107,10 @@ pub struct Scheduler {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     instances: AtomicUsize,
+    /// Per instance thread: when it started the batch it is executing, in nanoseconds since
+    /// `Shared::epoch` plus one; 0 while it waits (a watchdog reads it: see
+    /// [`Scheduler::longest_execution`]).
+    busy: Mutex<Vec<Arc<AtomicU64>>>,
 }
 
 /// A request's parameter as an unsigned integer (`priority`, `timeout`).
@@ -151,11 +157,13 @@ impl Scheduler {
             ordered: Mutex::new(Ordered::default()),
             observer,
             demand: std::sync::OnceLock::new(),
+            epoch: Instant::now(),
         });
         let s = Scheduler {
             shared,
             threads: Mutex::new(Vec::new()),
             instances: AtomicUsize::new(0),
+            busy: Mutex::new(Vec::new()),
         };
         s.add_instances(instances)?;
         Ok(s)
@@ -167,9 +175,11 @@ impl Scheduler {
         for instance in instances {
             let shared = self.shared.clone();
             let n = threads.len();
+            let busy = Arc::new(AtomicU64::new(0));
+            self.busy.lock().expect("busy lock").push(busy.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("wisp-{}-{n}", self.shared.model))
-                .spawn(move || run_instance(&shared, instance, n))
+                .spawn(move || run_instance(&shared, instance, n, &busy))
                 .map_err(|e| Error::internal(format!("cannot start instance thread: {e}")))?;
             threads.push(handle);
             self.instances.fetch_add(1, Ordering::SeqCst);
@@ -191,6 +201,21 @@ impl Scheduler {
     /// waiting out the queue delay. Set once; later calls are ignored.
     pub fn set_instance_demand(&self, demand: Arc<Vec<AtomicUsize>>) {
         let _ = self.shared.demand.set(demand);
+    }
+
+    /// How long the longest-running execution in progress has been running (`None` when every
+    /// instance waits). A watchdog compares it with a limit: an instance thread stuck in one
+    /// execution (a wedged backend) shows here, however busy or idle the queue is.
+    pub fn longest_execution(&self) -> Option<Duration> {
+        let now = self.shared.epoch.elapsed().as_nanos() as u64 + 1;
+        self.busy
+            .lock()
+            .expect("busy lock")
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .filter(|&since| since != 0)
+            .map(|since| Duration::from_nanos(now.saturating_sub(since)))
+            .max()
     }
 
     /// Instances serving this queue.
@@ -368,7 +393,14 @@ impl Shared {
                 break;
             }
             let key = *first_key.get_or_insert(j.shape_key);
-            if j.shape_key != key || rows + j.rows > p.max_batch_size.max(1) {
+            if j.shape_key != key {
+                // Another shape waits: the batch is the oldest request and every queued request
+                // of its shape (later ones of other shapes wait for the next batch, so none
+                // starves), and it goes now rather than after the queue delay.
+                blocked = true;
+                continue;
+            }
+            if rows + j.rows > p.max_batch_size.max(1) {
                 blocked = !picked.is_empty();
                 break;
             }
@@ -486,7 +518,7 @@ impl Shared {
     }
 }
 
-fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>, me: usize) {
+fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>, me: usize, busy: &AtomicU64) {
     instance.on_thread_start();
     loop {
         let mut rejected = Vec::new();
@@ -524,7 +556,12 @@ fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>, me: usize) {
             shared.finish_failed(job, Error::unavailable(msg), FailReason::Rejected);
         }
         if let Some(batch) = batch {
+            busy.store(
+                shared.epoch.elapsed().as_nanos() as u64 + 1,
+                Ordering::Relaxed,
+            );
             execute(shared, instance.as_mut(), batch);
+            busy.store(0, Ordering::Relaxed);
         }
     }
 }

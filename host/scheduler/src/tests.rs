@@ -445,3 +445,32 @@ fn instances_are_added_and_retired_in_place() {
 fn permits_clone(_: &Receiver<()>) -> Receiver<()> {
     channel().1
 }
+
+#[test]
+fn a_stuck_execution_shows_in_longest_execution() {
+    let h = harness(policy(4, None), 2, "stuck");
+    assert_eq!(
+        h.s.longest_execution(),
+        None,
+        "idle instances are not executing"
+    );
+    h.send("stuck", 1, serde_json::json!({})).unwrap();
+    assert_eq!(h.batch_started(), vec!["stuck"]);
+    std::thread::sleep(Duration::from_millis(60));
+    let held = h.s.longest_execution().expect("one instance is executing");
+    assert!(held >= Duration::from_millis(50), "{held:?}");
+    // The other instance still serves; the stuck one still shows.
+    h.send("quick", 1, serde_json::json!({})).unwrap();
+    assert_eq!(h.result().0, "quick");
+    assert!(h.s.longest_execution().unwrap() >= held);
+    h.release();
+    assert_eq!(h.result().0, "stuck");
+    let deadline = Instant::now() + WAIT;
+    while h.s.longest_execution().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the instance went back to waiting"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

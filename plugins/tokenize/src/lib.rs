@@ -13,7 +13,10 @@
 //!   `wasm.allow_read_dir` (mounted at `/data`); default `tokenizer.json`;
 //! - `max_length`: tokens per text at most, special tokens included (1..=8192; default: the
 //!   file's own truncation, else 512);
-//! - `add_special_tokens`: `true` (default: `[CLS] … [SEP]` for BERT) or `false`.
+//! - `add_special_tokens`: `true` (default: `[CLS] … [SEP]` for BERT) or `false`;
+//! - `pad_to_multiple_of`: round the padded length up to a multiple of this (1..=512; default:
+//!   none). Texts of nearby lengths then leave with the same length, so a model after this step
+//!   can batch them together (its batcher only batches equal shapes).
 
 use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
 use wisp_sdk::{Error, Params, Plugin, Request, Response, Tensor};
@@ -30,7 +33,12 @@ const MAX_LENGTH: usize = 8192;
 impl Tokenize {
     /// A tokenizer from `tokenizer.json` text, truncating to `max_length` and padding to the
     /// longest text of a call.
-    pub fn from_json(json: &[u8], max_length: Option<usize>, special: bool) -> Result<Self, Error> {
+    pub fn from_json(
+        json: &[u8],
+        max_length: Option<usize>,
+        special: bool,
+        multiple_of: Option<usize>,
+    ) -> Result<Self, Error> {
         let mut tokenizer = Tokenizer::from_bytes(json)
             .map_err(|e| Error::invalid(format!("tokenizer file: {e}")))?;
         let length = max_length
@@ -48,8 +56,16 @@ impl Tokenize {
             }))
             .map_err(|e| Error::invalid(format!("truncation: {e}")))?;
         let padding = tokenizer.get_padding().cloned().unwrap_or_default();
+        if let Some(m) = multiple_of {
+            if !(1..=512).contains(&m) {
+                return Err(Error::invalid(format!(
+                    "parameter 'pad_to_multiple_of' must be 1 to 512, not {m}"
+                )));
+            }
+        }
         tokenizer.with_padding(Some(PaddingParams {
             strategy: PaddingStrategy::BatchLongest,
+            pad_to_multiple_of: multiple_of,
             ..padding
         }));
         Ok(Tokenize { tokenizer, special })
@@ -107,10 +123,15 @@ impl Plugin for Tokenize {
             None | Some("") => None,
             Some(v) => Some(v.parse::<usize>()?),
         };
+        let multiple_of = match params.get("pad_to_multiple_of").map(str::trim) {
+            None | Some("") => None,
+            Some(v) => Some(v.parse::<usize>()?),
+        };
         Tokenize::from_json(
             &json,
             max_length,
             params.parse_or("add_special_tokens", true)?,
+            multiple_of,
         )
     }
 
@@ -159,7 +180,7 @@ mod tests {
 
     #[test]
     fn pads_to_the_longest_and_truncates() {
-        let t = Tokenize::from_json(&tiny(), Some(4), true).unwrap();
+        let t = Tokenize::from_json(&tiny(), Some(4), true, None).unwrap();
         let out = t
             .encode(vec!["Hello WISP world".into(), "hello".into()], 2)
             .unwrap();
@@ -169,7 +190,18 @@ mod tests {
         assert_eq!(out[3].name, "token_count");
         assert_eq!(out[3].shape, vec![2, 1]);
         assert_eq!(out[3].to_i64().unwrap(), vec![4, 3], "after truncation, specials included");
-        assert!(Tokenize::from_json(&tiny(), Some(0), true).is_err());
-        assert!(Tokenize::from_json(b"{}", None, true).is_err());
+        assert!(Tokenize::from_json(&tiny(), Some(0), true, None).is_err());
+        assert!(Tokenize::from_json(b"{}", None, true, None).is_err());
+        assert!(Tokenize::from_json(&tiny(), None, true, Some(0)).is_err());
+    }
+
+    #[test]
+    fn pads_to_a_multiple() {
+        let t = Tokenize::from_json(&tiny(), None, true, Some(4)).unwrap();
+        let out = t.encode(vec!["hello world wisp".into()], 1).unwrap();
+        // [CLS] hello world wis ##p [SEP] = 6 tokens, padded to 8; the count stays 6.
+        assert_eq!(out[0].shape, vec![1, 8]);
+        assert_eq!(out[1].to_i64().unwrap(), vec![1, 1, 1, 1, 1, 1, 0, 0]);
+        assert_eq!(out[3].to_i64().unwrap(), vec![6]);
     }
 }
