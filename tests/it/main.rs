@@ -11,3 +11,4 @@ mod models;
 mod plugins;
 mod protocols;
 mod scheduling;
+mod systemd;

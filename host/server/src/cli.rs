@@ -5,6 +5,7 @@ use crate::settings::{Cli, Command};
 use crate::Server;
 use anyhow::Context;
 use clap::Parser;
+use std::sync::Arc;
 use tracing_subscriber::EnvFilter;
 
 fn init_logging(settings: &crate::settings::Settings) -> anyhow::Result<()> {
@@ -121,11 +122,31 @@ pub fn main() -> anyhow::Result<()> {
         .enable_all()
         .thread_name("wisp-io")
         .build()?;
+    let stall = std::time::Duration::from_secs(settings.instance_stall_secs);
     rt.block_on(async move {
         let server = Server::start(settings).await?;
+        let systemd: Arc<dyn crate::systemd::Notifier> = Arc::new(crate::systemd::Systemd);
+        let models = server.registry().models().len();
+        crate::systemd::ready(&*systemd, &format!("serving {models} models"));
+        let watchdog = crate::systemd::watchdog_period().map(|period| {
+            tracing::info!(
+                period_ms = period.as_millis() as u64,
+                stall_secs = stall.as_secs(),
+                "systemd watchdog on: pinging while no instance is stuck"
+            );
+            crate::systemd::spawn_watchdog(
+                period,
+                crate::systemd::registry_check(server.registry().clone(), stall),
+                systemd.clone(),
+            )
+        });
         shutdown_signal().await;
+        crate::systemd::stopping(&*systemd);
         tracing::info!("shutting down: finishing in-flight requests");
         server.shutdown().await?;
+        if let Some(w) = watchdog {
+            w.abort();
+        }
         tracing::info!("stopped");
         Ok(())
     })

@@ -21,6 +21,7 @@ pub mod restricted;
 pub mod service;
 pub mod settings;
 pub mod signing;
+pub mod systemd;
 pub mod tls;
 
 #[cfg(test)]

@@ -121,6 +121,12 @@ pub struct Settings {
     #[arg(long, default_value_t = 30)]
     pub exit_timeout_secs: u64,
 
+    /// Under a systemd watchdog (`WatchdogSec=`): seconds one model instance may spend in one
+    /// execution before Wisp counts it as stuck and stops pinging the watchdog, so that systemd
+    /// restarts it (1 to 86400).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub instance_stall_secs: u64,
+
     /// HTTP port; 0 picks a free port.
     #[arg(long, default_value_t = DEFAULT_HTTP_PORT)]
     pub http_port: u16,

@@ -431,6 +431,29 @@ impl Registry {
         self.models.read().expect("registry lock").clone()
     }
 
+    /// The longest execution in progress on any instance of a ready, non-ensemble model
+    /// version: which one and for how long (`None` when every instance waits). Ensembles are
+    /// left out: their instances wait on their steps, which show here themselves.
+    pub fn longest_execution(&self) -> Option<(String, u64, std::time::Duration)> {
+        let mut longest = None;
+        for (name, entry) in self.models() {
+            for state in entry.versions.values() {
+                let VersionState::Ready(m) = state else {
+                    continue;
+                };
+                if m.config.is_ensemble() {
+                    continue;
+                }
+                if let Some(took) = m.scheduler.longest_execution() {
+                    if longest.as_ref().is_none_or(|(_, _, t)| took > *t) {
+                        longest = Some((name.clone(), m.version, took));
+                    }
+                }
+            }
+        }
+        longest
+    }
+
     /// Whether every model is ready.
     pub fn all_ready(&self) -> bool {
         self.models
