@@ -60,6 +60,16 @@ def embed(client, texts):
     return r.as_numpy("EMBEDDING"), r.as_numpy("TOKENS")
 
 
+def run_clients(n, client):
+    """Runs `client(i)` for i in 0..n on n threads at once; each must finish within 120 s."""
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a client hung"
+
+
 def cosines(a, b):
     a = np.asarray(a, dtype=np.float64)
     return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
@@ -98,12 +108,7 @@ def test_32_concurrent_clients_get_their_own_embeddings(embedding_server):
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(f"client {i}: {e!r}")
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a client hung"
+    run_clients(32, client)
     assert not errors, errors[:5]
     after = c.get_inference_statistics("all_minilm_l6_v2")["model_stats"][0]
     inferences = after["inference_count"] - before["inference_count"]
@@ -234,10 +239,5 @@ def test_32_concurrent_openai_clients_get_their_own_embeddings(embedding_server)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(f"client {i}: {e!r}")
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a client hung"
+    run_clients(32, client)
     assert not errors, errors[:5]

@@ -40,13 +40,10 @@ fn receive_until(
     got
 }
 
-#[test]
-fn notifies_ready_pings_the_watchdog_and_says_stopping() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("notify.sock");
-    let sock = UnixDatagram::bind(&socket).unwrap();
+/// `wisp serve` on the fixture repository (tract, loopback, HTTP on `http`), as systemd would
+/// start it: `NOTIFY_SOCKET` and `WATCHDOG_USEC` set.
+fn spawn_under(socket: &std::path::Path, watchdog_usec: &str, http: u16) -> Child {
     let repo = workspace_root().join("tests/fixtures/repo");
-    let http = free_port();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_wisp-test-serve"))
         .args(["serve", "--model-repository"])
         .arg(&repo)
@@ -55,11 +52,20 @@ fn notifies_ready_pings_the_watchdog_and_says_stopping() {
         .args(["--grpc-port", &free_port().to_string()])
         .args(["--metrics-port", &free_port().to_string()])
         .args(["--log-info", "false"])
-        .env("NOTIFY_SOCKET", &socket)
-        .env("WATCHDOG_USEC", "200000")
+        .env("NOTIFY_SOCKET", socket)
+        .env("WATCHDOG_USEC", watchdog_usec)
         .spawn()
         .expect("wisp-test-serve starts");
-    let mut child = Child(child);
+    Child(child)
+}
+
+#[test]
+fn notifies_ready_pings_the_watchdog_and_says_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&socket).unwrap();
+    let http = free_port();
+    let mut child = spawn_under(&socket, "200000", http);
 
     let got = receive_until(&sock, Duration::from_secs(60), |m| m.contains("READY=1"));
     let ready = got.iter().find(|m| m.contains("READY=1"));
@@ -106,21 +112,8 @@ fn notifies_ready_pings_the_watchdog_and_says_stopping() {
 fn without_systemd_nothing_is_sent_and_nothing_fails() {
     // NOTIFY_SOCKET naming a socket nobody listens on: the server still starts and serves.
     let dir = tempfile::tempdir().unwrap();
-    let repo = workspace_root().join("tests/fixtures/repo");
     let http = free_port();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_wisp-test-serve"))
-        .args(["serve", "--model-repository"])
-        .arg(&repo)
-        .args(["--http-address", "127.0.0.1", "--onnx-engine", "tract"])
-        .args(["--http-port", &http.to_string()])
-        .args(["--grpc-port", &free_port().to_string()])
-        .args(["--metrics-port", &free_port().to_string()])
-        .args(["--log-info", "false"])
-        .env("NOTIFY_SOCKET", dir.path().join("nobody.sock"))
-        .env("WATCHDOG_USEC", "100000")
-        .spawn()
-        .expect("wisp-test-serve starts");
-    let _child = Child(child);
+    let _child = spawn_under(&dir.path().join("nobody.sock"), "100000", http);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if std::net::TcpStream::connect(("127.0.0.1", http)).is_ok() {
