@@ -241,3 +241,17 @@ def test_32_concurrent_openai_clients_get_their_own_embeddings(embedding_server)
 
     run_clients(32, client)
     assert not errors, errors[:5]
+
+
+def test_openai_large_request_is_chunked_in_order(embedding_server):
+    # 300 texts (over 64 KiB of JSON, more than one batch of 64): every vector comes back in
+    # its text's place.
+    texts = [f"sentence number {i} about topic {i % 7}, " * 8 for i in range(300)]
+    assert len(json.dumps(texts)) > 64 * 1024
+    client = openai_client(embedding_server)
+    r = client.embeddings.create(model="text_embedding", input=texts)
+    assert [d.index for d in r.data] == list(range(300))
+    for k in [0, 63, 64, 150, 299]:
+        alone = client.embeddings.create(model="text_embedding", input=texts[k]).data[0].embedding
+        assert cosines([r.data[k].embedding], np.array([alone]))[0] >= 0.9999, k
+    assert r.usage.prompt_tokens == sum(token_counts(texts))

@@ -244,8 +244,15 @@ async fn embeddings(app: &AppState, req: Request) -> Result<Response, ApiFailure
     let body = read_body(app, &parts.headers, body).await?;
     // The texts become one tensor per chunk: about the body's size again.
     let _budget = app.service.admit((body.len() as u64).saturating_mul(2))?;
-    let parsed = parse(&body)?;
-    drop(body);
+    // A large body is parsed on the blocking pool, as KServe bodies are decoded, so that it
+    // cannot stall health checks.
+    let parsed = if body.len() > super::INLINE_DECODE_BYTES {
+        tokio::task::spawn_blocking(move || parse(&body))
+            .await
+            .map_err(|_| Error::internal("request parsing panicked"))??
+    } else {
+        parse(&body)?
+    };
     let trace_parent = parts
         .headers
         .get("traceparent")
@@ -268,6 +275,7 @@ async fn embeddings(app: &AppState, req: Request) -> Result<Response, ApiFailure
             Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
         }
     };
+    let texts_count = out.vectors.len();
     let answer = Answer {
         object: "list",
         data: out
@@ -286,8 +294,18 @@ async fn embeddings(app: &AppState, req: Request) -> Result<Response, ApiFailure
             total_tokens: out.prompt_tokens,
         },
     };
-    let json = serde_json::to_vec(&answer)
-        .map_err(|e| Error::internal(format!("encoding the answer: {e}")))?;
+    let encode_answer = move || {
+        serde_json::to_vec(&answer)
+            .map_err(|e| Error::internal(format!("encoding the answer: {e}")))
+    };
+    // Hundreds of vectors are megabytes of JSON: written on the blocking pool.
+    let json = if texts_count > 64 {
+        tokio::task::spawn_blocking(encode_answer)
+            .await
+            .map_err(|_| Error::internal("answer encoding panicked"))??
+    } else {
+        encode_answer()?
+    };
     let mut resp = Response::new(Body::from(json));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
