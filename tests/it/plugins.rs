@@ -939,3 +939,177 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
     );
     server.shutdown().await.unwrap();
 }
+
+/// What one load client saw: successes, and each failure's error text with when it came back.
+type LoadOutcome = (u32, Vec<(Instant, String)>);
+
+/// Sends requests to `model` from three clients until `stop` (bounded in count and time),
+/// keeping each failure's error text and when it came back.
+fn steady_load(
+    addr: std::net::SocketAddr,
+    model: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<LoadOutcome>> {
+    (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut c = Client::connect(addr).await.unwrap();
+                let (mut ok, mut failed) = (0u32, Vec::new());
+                let started = Instant::now();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst)
+                    && ok < 100_000
+                    && started.elapsed() < Duration::from_secs(60)
+                {
+                    let r = c
+                        .post_json(&format!("/v2/models/{model}/infer"), &int_request([1, 2]))
+                        .await
+                        .unwrap();
+                    if r.status == 200 {
+                        ok += 1;
+                    } else {
+                        failed.push((Instant::now(), error_text(&r)));
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect()
+}
+
+async fn index_row(c: &mut Client, model: &str, version: &str) -> Value {
+    let index = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .unwrap()
+        .json();
+    index
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == model && r["version"] == version)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+async fn metric(addr: std::net::SocketAddr, line_start: &str) -> Option<f64> {
+    let mut m = Client::connect(addr).await.unwrap();
+    let text = String::from_utf8(m.get("/metrics").await.unwrap().body.to_vec()).unwrap();
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sla_guarded_rollout_rolls_back_a_failing_version_and_keeps_a_healthy_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let sla = |window: &str| {
+        param("sla.max_error_rate", "0.05")
+            + &param("sla.p99_latency_ms", "2000")
+            + &param("sla.min_requests", "20")
+            + &param("sla.window_secs", window)
+    };
+    add_plugin_model(
+        dir.path(),
+        "guarded",
+        1,
+        "testkit",
+        &testkit_config(&sla("30")),
+    );
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+        s.load_model = vec!["guarded".into()];
+        s.no_wasm_cache = true;
+    })
+    .await;
+    let (addr, metrics) = (server.http_addr(), server.metrics_addr().unwrap());
+    let mut c = Client::connect(addr).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = steady_load(addr, "guarded", stop.clone());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // Version 2 fails every request (its config says so): it is swapped in, breaches the SLA
+    // and version 1, still loaded, is swapped back.
+    add_plugin_model(
+        dir.path(),
+        "guarded",
+        2,
+        "testkit",
+        &testkit_config(&(sla("30") + &param("mode", "trap"))),
+    );
+    let swapped = Instant::now();
+    let r = c
+        .send("POST", "/v2/repository/models/guarded/load", &[], "{}")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let mut row = Value::Null;
+    while swapped.elapsed() < Duration::from_secs(20) {
+        row = index_row(&mut c, "guarded", "2").await;
+        if row["state"] == "UNAVAILABLE" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rolled_back = Instant::now();
+    let why = row["reason"].as_str().unwrap_or_default().to_string();
+    assert!(why.starts_with("rolled back: the new version (2)"), "{row}");
+    assert!(why.contains("error rate"), "{why}");
+    let good = index_row(&mut c, "guarded", "1").await;
+    assert_eq!(good["state"], "READY", "{good}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A healthy version 3 is kept once its (one-second) window passes.
+    add_plugin_model(
+        dir.path(),
+        "guarded",
+        3,
+        "testkit",
+        &testkit_config(&sla("1")),
+    );
+    let r = c
+        .send("POST", "/v2/repository/models/guarded/load", &[], "{}")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let kept = r#"wisp_model_rollout_kept_total{model="guarded"}"#;
+    let started = Instant::now();
+    while metric(metrics, kept).await != Some(1.0) && started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(metric(metrics, kept).await, Some(1.0));
+    let current = index_row(&mut c, "guarded", "3").await;
+    assert_eq!(current["state"], "READY", "{current}");
+    assert_eq!(
+        current["reason"].as_str().unwrap_or_default(),
+        "",
+        "{current}"
+    );
+    assert_eq!(
+        metric(metrics, r#"wisp_model_rollback_total{model="guarded"}"#).await,
+        Some(1.0)
+    );
+
+    // Every failure was version 2's own, answered before the swap back was seen.
+    let (mut ok, mut failures) = (0, Vec::new());
+    for h in clients {
+        let (n, f) = h.await.unwrap();
+        ok += n;
+        failures.extend(f);
+    }
+    assert!(ok > 0);
+    assert!(!failures.is_empty(), "version 2 served nothing");
+    for (at, text) in &failures {
+        assert!(text.contains("panic") || text.contains("trap"), "{text}");
+        // (a request already running on version 2 when it was swapped out may answer a
+        // moment after the index showed the swap)
+        let late = at.saturating_duration_since(rolled_back);
+        assert!(
+            late < Duration::from_millis(500),
+            "a failure {late:?} after the rollback: {text}"
+        );
+    }
+    server.shutdown().await.unwrap();
+}

@@ -140,6 +140,8 @@ pub struct Server {
     metrics_addr: Option<SocketAddr>,
     metrics_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     poller: Option<tokio::task::JoinHandle<()>>,
+    /// Judges reloads under SLA watch (`Registry::watch_rollouts`).
+    rollouts: tokio::task::JoinHandle<()>,
     exit_timeout: std::time::Duration,
     registry: Arc<Registry>,
     service: Arc<service::Service>,
@@ -283,6 +285,21 @@ impl Server {
                 }
             })
         });
+        // SLA-guarded rollout: reloads under watch are judged a few times a second.
+        let rollouts = {
+            let r = registry.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    if r.watching() {
+                        let r = r.clone();
+                        let _ = tokio::task::spawn_blocking(move || r.watch_rollouts()).await;
+                    }
+                }
+            })
+        };
         let addr = SocketAddr::new(settings.http_address, settings.http_port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -385,6 +402,7 @@ impl Server {
             metrics_addr,
             metrics_task,
             poller,
+            rollouts,
             exit_timeout: std::time::Duration::from_secs(settings.exit_timeout_secs),
             registry,
             service,
@@ -442,6 +460,7 @@ impl Server {
         if let Some(t) = self.poller.take() {
             t.abort();
         }
+        self.rollouts.abort();
         let registry = self.registry.clone();
         tokio::task::spawn_blocking(move || registry.shutdown()).await?;
         let service = self.service.clone();

@@ -176,6 +176,13 @@ impl Metrics {
                 let l = [("model", model), ("version", version.to_string())];
                 counter!("wisp_model_verify_failure_total", &l).absolute(n);
             }
+            for (model, c, watching) in registry.lifecycle_counts() {
+                let l = [("model", model)];
+                counter!("wisp_model_load_failure_total", &l).absolute(c.load_failures);
+                counter!("wisp_model_rollback_total", &l).absolute(c.rollbacks);
+                counter!("wisp_model_rollout_kept_total", &l).absolute(c.kept);
+                gauge!("wisp_model_sla_watch", &l).set(if watching { 1.0 } else { 0.0 });
+            }
             if let Some(u) = self.cpu_utilization() {
                 gauge!("nv_cpu_utilization").set(u);
             }
@@ -203,6 +210,22 @@ fn describe() {
     describe_counter!(
         "wisp_model_verify_failure_total",
         "Model version loads refused because the version's files did not match its signed manifest, or it had none when one is required"
+    );
+    describe_counter!(
+        "wisp_model_load_failure_total",
+        "Loads and reloads of a model that failed (config, files, warm-up, signature); a serving version stays in place"
+    );
+    describe_counter!(
+        "wisp_model_rollback_total",
+        "New versions swapped back out because they breached the SLA in their config parameters (sla.*)"
+    );
+    describe_counter!(
+        "wisp_model_rollout_kept_total",
+        "New versions kept after holding their SLA through the watch window"
+    );
+    describe_gauge!(
+        "wisp_model_sla_watch",
+        "1 while a new version is under SLA watch with the previous one kept loaded for rollback"
     );
     describe_counter!(
         "wisp_plugin_failure_total",

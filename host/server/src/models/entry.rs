@@ -29,6 +29,10 @@ pub struct ModelVersion {
     /// For an ensemble, the models its steps call, with the version each asks for (read from
     /// the config once, at load).
     pub composing: Vec<(String, Option<u64>)>,
+    /// The SLA its config declares, which guards a reload that brings it in.
+    pub sla: Option<super::rollout::Sla>,
+    /// What it has served, for judging its SLA (present when it declares one).
+    pub(super) probe: Option<Arc<super::rollout::Probe>>,
     pub(super) scheduler: Arc<Scheduler>,
     /// The sequence batcher in front of the scheduler, for a stateful model.
     pub(super) sequencer: Option<Arc<Sequencer>>,

@@ -237,6 +237,7 @@ pub(super) fn prepare_config_from(
     config::validate(&cfg, name, &dir.path)?;
     // `openai.*` parameters that do not fit the signature fail the load, not each API call.
     crate::service::openai::EmbeddingApi::of(&cfg)?;
+    super::rollout::Sla::of(&cfg)?;
     if config_json.is_some() && cfg.is_wasm() {
         // A config from the network may narrow the repository's sandbox, never widen it.
         let base = match std::fs::read_to_string(dir.path.join("config.pbtxt")) {
@@ -312,6 +313,14 @@ fn load_version(
         .map(|i| loaded.new_instance(i).map(|inst| pin(inst, cores[i])))
         .collect::<Result<Vec<_>>>()?;
     warm_up(&dir.path, cfg, &mut instances)?;
+    let sla = super::rollout::Sla::of(cfg)?;
+    let probe = sla
+        .as_ref()
+        .map(|_| Arc::new(super::rollout::Probe::default()));
+    let observer = match &probe {
+        Some(p) => Some(p.observer(observer)),
+        None => observer,
+    };
     let scheduler = Arc::new(Scheduler::start(
         &dir.name,
         Policy::from_config(cfg),
@@ -344,6 +353,8 @@ fn load_version(
         engine,
         load_secs: start.elapsed().as_secs_f64(),
         loaded_at: std::time::SystemTime::now(),
+        sla,
+        probe,
         scheduler,
         sequencer,
     })

@@ -6,6 +6,7 @@
 //! - [`load`]: preparing a config and loading one model's versions;
 //! - `resize`: growing or shrinking an instance pool in place;
 //! - [`warmup`]: `model_warmup` samples;
+//! - [`rollout`]: the SLA watch after a reload, and the swap back on a breach;
 //! - [`fingerprint`]: what poll mode compares;
 //! - [`backends`], [`ensemble`], [`caller`]: the backend the registry loads with, and the way
 //!   plugins and ensemble steps call models back through it.
@@ -20,6 +21,7 @@ pub mod entry;
 pub mod fingerprint;
 pub mod load;
 mod resize;
+pub mod rollout;
 #[cfg(test)]
 mod tests;
 pub mod warmup;
@@ -51,6 +53,10 @@ struct Slot {
     /// The server-owned directory of files a load request shipped (`file:` parameters) that
     /// the model was loaded from; removed when the model unloads or loads from elsewhere.
     shipped: Mutex<Option<tempfile::TempDir>>,
+    /// The reload under SLA watch, holding the version it replaced.
+    watch: Mutex<Option<rollout::Watch>>,
+    /// Load failures, rollbacks and kept versions, for the metrics exporter.
+    counts: Mutex<rollout::LifecycleCounts>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -61,6 +67,8 @@ struct Marks {
     fingerprint: Option<u64>,
     /// The same without `config.pbtxt`: unchanged model files allow an in-place resize.
     files: Option<u64>,
+    /// The versions last swapped back out for breaching their SLA, and why.
+    rolled_back: Option<(Vec<u64>, String)>,
 }
 
 /// All models of the server. Loaded models live in a map of immutable entries; a load builds a
@@ -264,11 +272,20 @@ impl Registry {
         let entry = load_model(dir, self.backend.as_ref(), &self.opts, config_json);
         let mut models = self.models.write().expect("registry lock");
         let old_ready = models.get(&dir.name).is_some_and(|e| e.is_ready());
+        if !entry.is_ready() {
+            slot.counts.lock().expect("counts").load_failures += 1;
+        }
         if entry.is_ready() || !old_ready {
             let err = (!entry.is_ready()).then(|| entry.reason());
-            models.insert(dir.name.clone(), Arc::new(entry));
+            let entry = Arc::new(entry);
+            let previous = models.insert(dir.name.clone(), entry.clone());
             drop(models);
-            slot.marks.lock().expect("marks").reload_error = None;
+            self.start_watch(&dir.name, &slot, previous, &entry);
+            {
+                let mut marks = slot.marks.lock().expect("marks");
+                marks.reload_error = None;
+                marks.rolled_back = None;
+            }
             match err {
                 None => Ok(()),
                 Some(e) => Err(Error::invalid(format!(
@@ -291,6 +308,137 @@ impl Registry {
         }
     }
 
+    /// After `entry` replaced `previous`: watches `entry` if it declares an SLA, holding the
+    /// last version known good (`previous`, or what an unfinished watch held) for a rollback.
+    fn start_watch(
+        &self,
+        name: &str,
+        slot: &Slot,
+        previous: Option<Arc<ModelEntry>>,
+        entry: &ModelEntry,
+    ) {
+        let mut watch = slot.watch.lock().expect("watch");
+        let good = match watch.take() {
+            // The replaced version was still on trial: the one before it is the good one.
+            Some(w) => Some(w.good),
+            None => previous.filter(|p| p.is_ready()),
+        };
+        *watch = good
+            .filter(|_| entry.is_ready())
+            .and_then(|g| rollout::Watch::start(g, entry));
+        if let Some(w) = watch.as_ref() {
+            tracing::info!(
+                model = name,
+                window_secs = w.sla.window.as_secs(),
+                "new version under SLA watch; the previous version stays loaded until the window passes"
+            );
+        }
+    }
+
+    /// Whether any reload is under SLA watch.
+    pub fn watching(&self) -> bool {
+        self.slots
+            .lock()
+            .expect("slots")
+            .values()
+            .any(|s| s.watch.lock().expect("watch").is_some())
+    }
+
+    /// Judges every reload under SLA watch (blocking; the server calls it a few times a
+    /// second): swaps the previous version back in for a new one that breached its SLA, and
+    /// releases the previous version once a new one has held its SLA through the window.
+    pub fn watch_rollouts(&self) {
+        let slots: Vec<(String, Arc<Slot>)> = self
+            .slots
+            .lock()
+            .expect("slots")
+            .iter()
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .collect();
+        for (name, slot) in slots {
+            let verdict = match slot.watch.lock().expect("watch").as_ref() {
+                None => continue,
+                Some(w) => w.judge(std::time::Instant::now()),
+            };
+            match verdict {
+                rollout::Verdict::Watching => {}
+                rollout::Verdict::Keep(seen) => {
+                    if slot.watch.lock().expect("watch").take().is_some() {
+                        slot.counts.lock().expect("counts").kept += 1;
+                        tracing::info!(
+                            model = %name,
+                            requests = seen.total,
+                            failed = seen.failed,
+                            p99_ms = seen.quantile(0.99).as_secs_f64() * 1000.0,
+                            "new version held its SLA through the window; previous version released"
+                        );
+                    }
+                }
+                rollout::Verdict::RollBack(why) => self.roll_back(&name, &slot, &why),
+            }
+        }
+    }
+
+    /// Swaps the last good version of `name` back in for the one under watch. Skipped (to be
+    /// judged again) while a load of the model is in progress, which replaces it anyway.
+    fn roll_back(&self, name: &str, slot: &Slot, why: &str) {
+        let Ok(_guard) = slot.lifecycle.try_lock() else {
+            return;
+        };
+        let Some(watch) = slot.watch.lock().expect("watch").take() else {
+            return;
+        };
+        let mut models = self.models.write().expect("registry lock");
+        let Some(current) = models.get(name).cloned().filter(|c| watch.watches(c)) else {
+            return;
+        };
+        models.insert(name.to_string(), watch.good.clone());
+        drop(models);
+        let ready = |e: &ModelEntry| -> Vec<u64> {
+            e.versions
+                .iter()
+                .filter(|(_, s)| matches!(s, VersionState::Ready(_)))
+                .map(|(v, _)| *v)
+                .collect()
+        };
+        let list = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+        let (bad, good) = (ready(&current), ready(&watch.good));
+        let reason = format!(
+            "rolled back: the new version ({}) breached its SLA {:.1} s after the swap: {why}; \
+             version {} restored",
+            list(&bad),
+            watch.started.elapsed().as_secs_f64(),
+            list(&good)
+        );
+        tracing::error!(model = name, %reason, "SLA breach: previous version swapped back in");
+        {
+            let mut marks = slot.marks.lock().expect("marks");
+            marks.reload_error = Some(reason.clone());
+            let gone: Vec<u64> = bad.into_iter().filter(|v| !good.contains(v)).collect();
+            marks.rolled_back = Some((gone, reason));
+            // The next load must build afresh, not resize the restored version in place.
+            marks.files = None;
+        }
+        slot.counts.lock().expect("counts").rollbacks += 1;
+    }
+
+    /// Load failures, rollbacks and kept versions per model that has any (or is under watch,
+    /// with `true`).
+    pub fn lifecycle_counts(&self) -> Vec<(String, rollout::LifecycleCounts, bool)> {
+        let slots = self.slots.lock().expect("slots");
+        let mut out: Vec<_> = slots
+            .iter()
+            .map(|(n, s)| {
+                let counts = *s.counts.lock().expect("counts");
+                let watching = s.watch.lock().expect("watch").is_some();
+                (n.clone(), counts, watching)
+            })
+            .filter(|(_, c, w)| *w || *c != rollout::LifecycleCounts::default())
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     /// Unloads a model: it stops taking requests at once; those already accepted finish.
     pub fn unload(&self, name: &str) -> Result<()> {
         let slot = self.slot(name);
@@ -298,6 +446,7 @@ impl Registry {
         let removed = self.models.write().expect("registry lock").remove(name);
         *slot.marks.lock().expect("marks") = Marks::default();
         slot.shipped.lock().expect("shipped").take();
+        slot.watch.lock().expect("watch").take();
         match removed {
             Some(_) => {
                 tracing::info!(model = name, "model unloaded");
@@ -405,11 +554,15 @@ impl Registry {
                 }
                 continue;
             }
+            let marks = self.marks(&name);
+            let ready_reason = marks
+                .reload_error
+                .clone()
+                .or_else(|| self.watch_status(&name))
+                .unwrap_or_default();
             for (v, state) in &entry.versions {
                 let (st, reason) = match state {
-                    VersionState::Ready(_) => {
-                        ("READY", self.marks(&name).reload_error.unwrap_or_default())
-                    }
+                    VersionState::Ready(_) => ("READY", ready_reason.clone()),
                     VersionState::Unavailable(r) => ("UNAVAILABLE", r.clone()),
                 };
                 if ready_only && st != "READY" {
@@ -422,8 +575,34 @@ impl Registry {
                     reason,
                 });
             }
+            // Versions swapped back out for breaching their SLA stay visible, with why.
+            if let Some((versions, why)) = marks.rolled_back.filter(|_| !ready_only) {
+                for v in versions
+                    .into_iter()
+                    .filter(|v| !entry.versions.contains_key(v))
+                {
+                    out.push(IndexEntry {
+                        name: name.clone(),
+                        version: Some(v),
+                        state: "UNAVAILABLE",
+                        reason: why.clone(),
+                    });
+                }
+            }
         }
         Ok(out)
+    }
+
+    /// What the index says of a model under SLA watch.
+    fn watch_status(&self, name: &str) -> Option<String> {
+        let slot = self.slots.lock().expect("slots").get(name).cloned()?;
+        let watch = slot.watch.lock().expect("watch");
+        let w = watch.as_ref()?;
+        let left = w.sla.window.saturating_sub(w.started.elapsed());
+        Some(format!(
+            "under SLA watch for {} s more; the previous version stays loaded for rollback",
+            left.as_secs().max(1)
+        ))
     }
 
     /// A snapshot of every loaded (or failed) model, by name.
