@@ -199,6 +199,13 @@ def test_openai_errors(embedding_server):
     assert e.value.param == "input" and "token ids" in e.value.message
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no_such_model")
+    # A wrong method: 405 with Allow, in OpenAI's error object.
+    import urllib.error
+    import urllib.request
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://{embedding_server['url']}/v1/embeddings", timeout=10)
+    assert e.value.code == 405 and e.value.headers["Allow"] == "POST"
+    assert json.loads(e.value.read())["error"]["code"] == "method_not_allowed"
 
 
 def test_openai_over_long_input_is_truncated_to_the_configured_length(embedding_server):

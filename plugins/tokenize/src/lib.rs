@@ -189,7 +189,11 @@ mod tests {
         assert_eq!(out[1].to_i64().unwrap(), vec![1, 1, 1, 1, 1, 1, 1, 0]);
         assert_eq!(out[3].name, "token_count");
         assert_eq!(out[3].shape, vec![2, 1]);
-        assert_eq!(out[3].to_i64().unwrap(), vec![4, 3], "after truncation, specials included");
+        assert_eq!(
+            out[3].to_i64().unwrap(),
+            vec![4, 3],
+            "after truncation, specials included"
+        );
         assert!(Tokenize::from_json(&tiny(), Some(0), true, None).is_err());
         assert!(Tokenize::from_json(b"{}", None, true, None).is_err());
         assert!(Tokenize::from_json(&tiny(), None, true, Some(0)).is_err());

@@ -415,6 +415,11 @@ impl ModelConfig {
         self.parameters.get(key).map(|p| p.string_value.as_str())
     }
 
+    /// A parameter's value trimmed, `None` when it is absent or blank (blank means unset).
+    pub fn parameter_set(&self, key: &str) -> Option<&str> {
+        self.parameter(key).map(str::trim).filter(|v| !v.is_empty())
+    }
+
     /// Top-level Triton fields that are set but that Wisp does not act on.
     pub fn unsupported_fields(&self) -> Vec<String> {
         let mut out: Vec<String> = self

@@ -327,11 +327,7 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
     } else {
         codec::decode(body, header_len, &m.config)
     };
-    let trace_parent = parts
-        .headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .and_then(wisp_core::trace::TraceParent::parse);
+    let trace_parent = trace_parent(&parts.headers);
     let answer = app
         .service
         .infer(m, decoded, received, trace_parent)
@@ -622,4 +618,12 @@ async fn logging_update(app: &AppState, req: Request) -> ApiResult {
     let body = json_body(app, req).await?;
     let s = app.service.log_settings(&body)?;
     Ok(json_response(s.to_json()))
+}
+
+/// A client's W3C `traceparent` header, when it has a valid one (the parent of its trace).
+pub(crate) fn trace_parent(headers: &HeaderMap) -> Option<wisp_core::trace::TraceParent> {
+    headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(wisp_core::trace::TraceParent::parse)
 }

@@ -31,8 +31,8 @@ pub async fn route(app: &AppState, segs: &[&str], method: &Method, req: Request)
             .service
             .api_model(id)
             .map(|m| axum::Json(model_json(&m)).into_response()),
-        (["v1", "embeddings"], _) => Err(not_allowed(method, "POST")),
-        (["v1", "models"] | ["v1", "models", _], _) => Err(not_allowed(method, "GET")),
+        (["v1", "embeddings"], _) => Ok(not_allowed(method, "POST")),
+        (["v1", "models"] | ["v1", "models", _], _) => Ok(not_allowed(method, "GET")),
         _ => Err(ApiFailure {
             error: Error::not_found(format!(
                 "no route for {method} /{}: this server implements /v1/embeddings and /v1/models",
@@ -45,22 +45,22 @@ pub async fn route(app: &AppState, segs: &[&str], method: &Method, req: Request)
     result.unwrap_or_else(error_response)
 }
 
-fn not_allowed(method: &Method, want: &str) -> ApiFailure {
-    ApiFailure {
-        error: Error::invalid(format!("method {method} not allowed here, use {want}")),
-        param: None,
-        code: Some("method_not_allowed"),
-    }
+/// 405 with `Allow`, in OpenAI's error object.
+fn not_allowed(method: &Method, want: &'static str) -> Response {
+    let mut resp = error_with_status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("method {method} not allowed here, use {want}"),
+        None,
+        Some("method_not_allowed"),
+    );
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(want));
+    resp
 }
 
-/// OpenAI's error object for `f`, with the status its kind maps to (405 for a wrong method).
+/// OpenAI's error object for `f`, with the status its kind maps to.
 pub fn error_response(f: ApiFailure) -> Response {
-    let status = if f.code == Some("method_not_allowed") {
-        StatusCode::METHOD_NOT_ALLOWED
-    } else {
-        status(f.error.kind())
-    };
-    error_with_status(status, f.error.message(), f.param, f.code)
+    error_with_status(status(f.error.kind()), f.error.message(), f.param, f.code)
 }
 
 /// OpenAI's error object with an explicit status.
@@ -253,11 +253,7 @@ async fn embeddings(app: &AppState, req: Request) -> Result<Response, ApiFailure
     } else {
         parse(&body)?
     };
-    let trace_parent = parts
-        .headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .and_then(wisp_core::trace::TraceParent::parse);
+    let trace_parent = super::trace_parent(&parts.headers);
     let out = app
         .service
         .embed(

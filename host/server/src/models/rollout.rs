@@ -57,12 +57,7 @@ impl Sla {
     /// The SLA `cfg` declares: `Ok(None)` when it declares none, an error naming the parameter
     /// when a value is malformed or out of bounds.
     pub fn of(cfg: &ModelConfig) -> Result<Option<Sla>> {
-        let param = |key: &str| {
-            cfg.parameters
-                .get(key)
-                .map(|p| p.string_value.trim())
-                .filter(|v| !v.is_empty())
-        };
+        let param = |key: &str| cfg.parameter_set(key);
         let bad = |key: &str, why: &str, value: &str| {
             Error::invalid(format!(
                 "model '{}': parameter '{key}' {why}, not '{value}'",

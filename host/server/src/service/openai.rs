@@ -62,12 +62,7 @@ impl EmbeddingApi {
     /// The model's mapping: `Ok(None)` when it does not join the API, an error naming the
     /// parameter when its `openai.*` parameters do not fit its signature.
     pub fn of(cfg: &ModelConfig) -> Result<Option<EmbeddingApi>> {
-        let param = |key: &str| {
-            cfg.parameters
-                .get(key)
-                .map(|p| p.string_value.trim())
-                .filter(|v| !v.is_empty())
-        };
+        let param = |key: &str| cfg.parameter_set(key);
         match param("openai.api") {
             None => return Ok(None),
             Some("embeddings") => {}
