@@ -1,6 +1,12 @@
 """Starts the real `wisp` binary on the fixture repository for the tritonclient conformance
-tests, and stops it with SIGTERM at the end (checking the clean exit)."""
+tests, and stops it with SIGTERM at the end (checking the clean exit).
+
+Environment: `WISP_BIN` (the binary), `WISP_RUNNER` (a command it runs under, such as
+`qemu-aarch64 -L /usr/aarch64-linux-gnu` for a cross-built one), `WISP_ENGINES` (the ONNX
+engines to test, default `tract,onnxruntime`; an edge build has only `tract`) and
+`WISP_READY_SECS` (how long start-up may take, default 60)."""
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -18,15 +24,32 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_wisp(repo, engine, log_name, extra_args=(), ready_within=60):
-    """Starts `wisp serve` on `repo`; returns (process, log file, urls) once it is ready."""
+ENGINES = os.environ.get("WISP_ENGINES", "tract,onnxruntime").split(",")
+
+
+def wisp_command():
+    """The command that runs `wisp`: `WISP_BIN`, under `WISP_RUNNER` if set."""
     binary = os.environ.get("WISP_BIN", os.path.join(ROOT, "target", "debug", "wisp"))
+    return [*shlex.split(os.environ.get("WISP_RUNNER", "")), binary]
+
+
+def emulated_args():
+    """Flags for a `wisp` under qemu-user: no pooling allocator. qemu-user tracks every page
+    of a reservation, so the pool's terabytes of PROT_NONE address space cost it gigabytes of
+    real memory (24 GB, then the OOM killer, with 1000 slots); a real device pays nothing."""
+    return ["--wasm-pooling", "false"] if os.environ.get("WISP_RUNNER") else []
+
+
+def start_wisp(repo, engine, log_name, extra_args=(), ready_within=None):
+    """Starts `wisp serve` on `repo`; returns (process, log file, urls) once it is ready."""
+    if ready_within is None:
+        ready_within = float(os.environ.get("WISP_READY_SECS", "60"))
     port = free_port()
     grpc_port = free_port()
     log = open(os.path.join(ROOT, "target", log_name), "w")
     proc = subprocess.Popen(
-        [binary, "serve", "--model-repository", str(repo),
-         "--http-address", "127.0.0.1", "--http-port", str(port), "--metrics-port", str(free_port()), "--grpc-port", str(grpc_port), "--onnx-engine", engine, *extra_args],
+        [*wisp_command(), "serve", "--model-repository", str(repo),
+         "--http-address", "127.0.0.1", "--http-port", str(port), "--metrics-port", str(free_port()), "--grpc-port", str(grpc_port), "--onnx-engine", engine, *emulated_args(), *extra_args],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"127.0.0.1:{port}"
@@ -57,7 +80,7 @@ def stop_wisp(proc, log):
     assert code == 0, f"wisp exited with {code} on SIGTERM"
 
 
-@pytest.fixture(scope="session", params=["tract", "onnxruntime"])
+@pytest.fixture(scope="session", params=ENGINES)
 def server(request):
     repo = os.path.join(ROOT, "tests", "fixtures", "repo")
     proc, log, urls = start_wisp(repo, request.param, f"conformance-{request.param}.log")

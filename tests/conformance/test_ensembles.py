@@ -9,7 +9,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import ROOT, start_wisp, stop_wisp
+from conftest import ENGINES, ROOT, start_wisp, stop_wisp
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "repo")
 
@@ -87,7 +87,7 @@ ensemble_scheduling { step [ { model_name: "classifier" model_version: -1
 """)
 
 
-@pytest.fixture(scope="module", params=["tract", "onnxruntime"])
+@pytest.fixture(scope="module", params=ENGINES)
 def ensembles(request, tmp_path_factory):
     repo = tmp_path_factory.mktemp("ensembles")
     build_repo(str(repo))

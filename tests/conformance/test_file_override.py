@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, start_wisp, stop_wisp
+from conftest import ENGINES, ROOT, start_wisp, stop_wisp
 
 ADD_SUB = os.path.join(ROOT, "tests", "fixtures", "repo", "add_sub")
 CONFIG = json.dumps({
@@ -30,7 +30,7 @@ CONFIG = json.dumps({
 })
 
 
-@pytest.fixture(scope="module", params=["tract", "onnxruntime"])
+@pytest.fixture(scope="module", params=ENGINES)
 def explicit(request, tmp_path_factory):
     repo = tmp_path_factory.mktemp("override_repo")
     shutil.copytree(ADD_SUB, os.path.join(repo, "add_sub"))

@@ -1,4 +1,6 @@
-//! Little-endian bytes ↔ typed element vectors, shared by both engines.
+//! Little-endian bytes ↔ typed element vectors, shared by both engines (tract uses only the
+//! string conversions, so a build without ONNX Runtime leaves the rest unused).
+#![cfg_attr(not(feature = "onnxruntime"), allow(dead_code))]
 
 use wisp_core::tensor::{decode_bytes_elements, encode_bytes_elements};
 use wisp_core::Result;

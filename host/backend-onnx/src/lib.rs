@@ -6,11 +6,15 @@
 //! needs concrete shapes, so it builds one optimized plan per concrete input-shape set (in
 //! practice, per batch size) and caches it for all instances.
 //!
+//! Without the `onnxruntime` feature (on by default; the edge build leaves it out) the crate
+//! does not link `ort` at all: tract is the only engine, and asking for ONNX Runtime is an error.
+//!
 //! A request reaches [`OnnxInstance::execute`] as a batch of validated requests: their inputs are
 //! concatenated along the batch dim, reshaped per the config, run, and split back per request.
 
 mod convert;
 mod discover;
+#[cfg_attr(not(feature = "onnxruntime"), path = "ort_disabled.rs")]
 mod ort_engine;
 mod tract_engine;
 
@@ -46,6 +50,11 @@ impl OnnxBackend {
     pub fn new(choice: EngineChoice, ort_lib: Option<PathBuf>) -> Result<Self> {
         let ort = match (choice, ort_lib) {
             (EngineChoice::Tract, _) => None,
+            (EngineChoice::OnnxRuntime, _) if !Self::HAS_ONNXRUNTIME => {
+                return Err(Error::invalid(
+                    "--onnx-engine onnxruntime: this wisp was built without ONNX Runtime (an edge build, tract only)",
+                ))
+            }
             (EngineChoice::OnnxRuntime, None) => {
                 return Err(Error::invalid(
                     "--onnx-engine onnxruntime: no ONNX Runtime library found (pass --onnxruntime-lib, set ORT_DYLIB_PATH, or `pip install onnxruntime`)",
@@ -67,6 +76,9 @@ impl OnnxBackend {
             default_threads,
         })
     }
+
+    /// Whether this build can run ONNX Runtime at all (the `onnxruntime` feature).
+    pub const HAS_ONNXRUNTIME: bool = cfg!(feature = "onnxruntime");
 
     /// Name of the engine models will run on.
     pub fn engine(&self) -> &'static str {

@@ -128,17 +128,82 @@ fn build_engine(fuel: bool, pooling: bool, perfmap: bool) -> Result<Engine> {
         config.profiler(ProfilingStrategy::PerfMap);
     }
     if pooling {
-        let mut pool = PoolingAllocationConfig::default();
-        pool.max_memory_size((crate::limits::MAX_MEMORY_MB as usize) << 20);
-        let mut pooled = config.clone();
-        pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        match Engine::new(&pooled) {
-            Ok(e) => return Ok(e),
-            Err(e) => tracing::warn!("pooling allocator unavailable, allocating on demand: {e:#}"),
+        let ram = available_memory();
+        let mut slots = pool_slots(ram);
+        loop {
+            let mut pool = PoolingAllocationConfig::default();
+            pool.max_memory_size((crate::limits::MAX_MEMORY_MB as usize) << 20)
+                .total_component_instances(slots)
+                .total_core_instances(slots)
+                .total_memories(slots)
+                .total_tables(slots);
+            let mut pooled = config.clone();
+            pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+            match Engine::new(&pooled) {
+                Ok(e) => {
+                    tracing::info!(
+                        slots,
+                        memory_mib = ram.map(|b| b >> 20),
+                        fuel,
+                        "wasm pooling allocator: {slots} instance slots (one per {} MiB of memory, {MIN_POOL_SLOTS} to {MAX_POOL_SLOTS})",
+                        RAM_PER_POOL_SLOT >> 20
+                    );
+                    return Ok(e);
+                }
+                Err(e) if slots > MIN_POOL_SLOTS => {
+                    let fewer = (slots / 4).max(MIN_POOL_SLOTS);
+                    tracing::warn!(
+                        "wasm pooling allocator: cannot reserve address space for {slots} instance slots ({e:#}); trying {fewer}"
+                    );
+                    slots = fewer;
+                }
+                Err(e) => {
+                    tracing::warn!("pooling allocator unavailable, allocating on demand: {e:#}");
+                    break;
+                }
+            }
         }
     }
     Engine::new(&config)
         .map_err(|e| Error::internal(format!("cannot create the wasm engine: {e:#}")))
+}
+
+/// Memory that earns the pooling allocator one instance slot.
+const RAM_PER_POOL_SLOT: u64 = 16 << 20;
+/// The fewest slots a pool is tried with before allocating on demand.
+const MIN_POOL_SLOTS: u32 = 16;
+/// The most slots (wasmtime's own default).
+const MAX_POOL_SLOTS: u32 = 1000;
+
+/// Instance slots of the pooling allocator for `memory` bytes of usable memory: one per
+/// [`RAM_PER_POOL_SLOT`], within [`MIN_POOL_SLOTS`]..=[`MAX_POOL_SLOTS`] (the most when the
+/// memory is unknown). Each slot reserves address space for a memory of up to
+/// `MAX_MEMORY_MB` plus guard pages, which a small device may not have: then fewer slots are
+/// tried, then on-demand allocation.
+pub fn pool_slots(memory: Option<u64>) -> u32 {
+    match memory {
+        None => MAX_POOL_SLOTS,
+        Some(b) => {
+            (b / RAM_PER_POOL_SLOT).clamp(MIN_POOL_SLOTS as u64, MAX_POOL_SLOTS as u64) as u32
+        }
+    }
+}
+
+/// Usable memory: the machine's total, or the cgroup's limit (systemd's `MemoryMax`) when
+/// lower. `None` off Linux.
+fn available_memory() -> Option<u64> {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+        })?;
+    let limit = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    Some(limit.map_or(total, |l| l.min(total)))
 }
 
 /// Advances the engine's epoch every tick while the engine lives.
@@ -218,6 +283,16 @@ fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_slots_follow_memory_within_bounds() {
+        assert_eq!(pool_slots(None), 1000);
+        assert_eq!(pool_slots(Some(24 << 30)), 1000);
+        assert_eq!(pool_slots(Some(2 << 30)), 128);
+        assert_eq!(pool_slots(Some(512 << 20)), 32);
+        assert_eq!(pool_slots(Some(64 << 20)), 16);
+        assert!(available_memory().is_some_and(|m| m > 0));
+    }
 
     #[test]
     fn deadlines_round_up() {

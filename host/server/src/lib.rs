@@ -158,6 +158,8 @@ impl Server {
         let resolved = Resolved::from(&settings)?;
         let lib = match settings.onnx_engine {
             OnnxEngine::Tract => None,
+            // An edge build has no ONNX Runtime to look for.
+            OnnxEngine::Auto if !OnnxBackend::HAS_ONNXRUNTIME => None,
             _ => find_onnxruntime(settings.onnxruntime_lib.as_deref(), &*settings.env),
         };
         let choice = match settings.onnx_engine {
@@ -166,7 +168,14 @@ impl Server {
             OnnxEngine::Tract => EngineChoice::Tract,
         };
         let backend = OnnxBackend::new(choice, lib).map_err(|e| anyhow::anyhow!("{e}"))?;
-        tracing::info!(engine = backend.engine(), "ONNX engine selected");
+        if OnnxBackend::HAS_ONNXRUNTIME {
+            tracing::info!(engine = backend.engine(), "ONNX engine selected");
+        } else {
+            tracing::info!(
+                engine = backend.engine(),
+                "ONNX engine selected: this build has no ONNX Runtime (edge build), tract serves every ONNX model"
+            );
+        }
         let plugin_failures = Arc::new(wisp_plugin_runtime::FailureCounts::default());
         let caller = Arc::new(models::caller::RegistryCaller::default());
         let wasm = wisp_plugin_runtime::WasmBackend::new(

@@ -1,0 +1,190 @@
+"""The edge benchmark: for each wisp binary given, its stripped size, start to ready and idle
+memory with the demo pipelines loaded (plugin cache warm), and demo-pipeline throughput.
+
+    python benches/edge.py [--label L] [--runner CMD] BINARY [[--label L] [--runner CMD] BINARY ...]
+
+`--runner` runs the binary under an emulator (`qemu-aarch64 -L /usr/aarch64-linux-gnu`): its
+figures are labelled as emulated by the caller and say nothing absolute about real hardware,
+only about relative regressions. Under qemu-user the memory is the emulator's process, which
+includes its translated code. Run through `./dev bench edge [TARGET...]` or
+`./dev cross TARGET bench`, which build the binaries first.
+
+The demo pipelines are `text_direction`, `text_direction_bls` and `content_type` (and the models
+they compose) on tract: the stateful `vad` demo needs ONNX Runtime, and the embeddings
+pipeline's 90 MB encoder is not what an edge box is sized for.
+"""
+import os
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "conformance"))
+DEMO_MODELS = ["text_direction", "text_direction_bls", "content_type"]
+WARM_RUNS = 3
+CLIENTS = 4
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def start(cmd, cache, log):
+    port = free_port()
+    args = [*cmd, "serve", "--model-repository", os.path.join(ROOT, "model_repo"),
+            "--http-address", "127.0.0.1", "--http-port", str(port),
+            "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
+            "--onnx-engine", "tract", "--wasm-cache-dir", cache,
+            "--model-control-mode", "explicit"]
+    for m in DEMO_MODELS:
+        args += ["--load-model", m]
+    if len(cmd) > 1:
+        # Under qemu-user: its page tracking makes the pooling allocator's address-space
+        # reservation cost real gigabytes (see tests/conformance/conftest.py).
+        args += ["--wasm-pooling", "false"]
+    began = time.monotonic()
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return proc, url, time.monotonic() - began
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() - began > 900:
+            proc.kill()
+            raise RuntimeError(f"{cmd} did not become ready; see {log.name}")
+        time.sleep(0.005)
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def throughput(url, model, name, payloads, seconds):
+    """Requests per second from CLIENTS threads, each cycling through `payloads`."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    done = []
+    deadline = time.monotonic() + seconds
+
+    def client(k):
+        c = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=600)
+        n = 0
+        while time.monotonic() < deadline:
+            inp = httpclient.InferInput(name, [1, 1], "BYTES")
+            data = payloads[(k + n) % len(payloads)]
+            inp.set_data_from_numpy(np.array([[data]], dtype=np.object_), binary_data=True)
+            c.infer(model, [inp])
+            n += 1
+        done.append(n)
+
+    began = time.monotonic()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.monotonic() - began)
+
+
+def stripped_size(binary, runner):
+    """The binary's size once stripped (the edge profile strips already)."""
+    strip = "strip"
+    if runner:
+        # qemu-aarch64 -L /usr/aarch64-linux-gnu → aarch64-linux-gnu-strip
+        sysroot = shlex.split(runner)[-1]
+        strip = f"{os.path.basename(sysroot)}-strip"
+    with tempfile.TemporaryDirectory() as d:
+        copy = os.path.join(d, "wisp")
+        shutil.copy(binary, copy)
+        subprocess.run([strip, copy], check=True)
+        return os.path.getsize(copy)
+
+
+def measure(label, binary, runner, seconds):
+    from test_edge import FILES, IMAGES
+
+    cmd = [*shlex.split(runner or ""), binary]
+    images = [open(os.path.join(IMAGES, f), "rb").read()
+              for f in ["text_upright.png", "text_rotated.png"]]
+    files = list(FILES.values())
+    row = {"label": label, "size_mb": stripped_size(binary, runner) / 1e6}
+    with tempfile.TemporaryDirectory() as cache:
+        log = open(os.path.join(ROOT, "target", "edge-bench.log"), "w")
+        proc, _, cold = start(cmd, cache, log)
+        stop(proc)
+        ready, rss = [], []
+        for i in range(WARM_RUNS):
+            proc, url, took = start(cmd, cache, log)
+            ready.append(took)
+            time.sleep(2)
+            rss.append(rss_kib(proc.pid) / 1024)
+            if i == WARM_RUNS - 1:
+                row["text_direction_rps"] = throughput(url, "text_direction", "IMAGE", images, seconds)
+                row["content_type_rps"] = throughput(url, "content_type", "CONTENT", files, seconds)
+                row["rss_after_load_mb"] = rss_kib(proc.pid) / 1024
+            stop(proc)
+        log.close()
+    row.update(cold_ready_s=cold, ready_s=statistics.median(ready), idle_rss_mb=statistics.median(rss))
+    return row
+
+
+def main():
+    runs, label, runner, seconds = [], None, None, None
+    rest = sys.argv[1:]
+    if not rest or rest[0] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(2)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--label":
+            label = rest.pop(0)
+        elif arg == "--runner":
+            runner = rest.pop(0)
+        elif arg == "--seconds":
+            # throughput run per pipeline (default 10 s natively, 30 s emulated)
+            seconds = float(rest.pop(0))
+        else:
+            runs.append((label or os.path.basename(os.path.dirname(arg)), arg, runner))
+            label, runner = None, None
+    rows = []
+    for label, binary, runner in runs:
+        print(f"edge bench: {label} ({binary})", file=sys.stderr, flush=True)
+        rows.append(measure(label, binary, runner, seconds or (30 if runner else 10)))
+    print(f"| build | stripped size | start to ready, warm cache (median of {WARM_RUNS}) | cold start "
+          f"| idle RSS (median) | RSS after load | text_direction req/s | content_type req/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['label']} | {r['size_mb']:.1f} MB | {r['ready_s']:.2f} s | {r['cold_ready_s']:.2f} s "
+              f"| {r['idle_rss_mb']:.1f} MiB | {r['rss_after_load_mb']:.1f} MiB "
+              f"| {r['text_direction_rps']:.1f} | {r['content_type_rps']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

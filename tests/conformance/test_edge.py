@@ -1,0 +1,88 @@
+"""The demo pipelines give the answers recorded on x86 (`tests/fixtures/edge/demo_answers.json`),
+whatever machine the binary under test was built for. `./dev cross TARGET test` runs this file
+against a cross-built binary under qemu-user (`WISP_RUNNER`); `./dev test` runs it natively,
+which keeps the recorded answers honest. `WISP_RECORD_DEMO_ANSWERS=1` records them anew (on x86).
+
+Labels must match exactly; scores within 1e-3 (tract's kernels differ per architecture in the
+last bits)."""
+import json
+import os
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from conftest import ROOT, start_wisp, stop_wisp
+
+ANSWERS = os.path.join(ROOT, "tests", "fixtures", "edge", "demo_answers.json")
+IMAGES = os.path.join(ROOT, "tests", "fixtures", "images")
+
+# Files of known types for the content-type pipeline.
+FILES = {
+    "main.py": b"import os\nimport sys\n\n\ndef main():\n    for name in sorted(os.listdir(\".\")):\n"
+               b"        print(name, os.path.getsize(name))\n\n\nif __name__ == \"__main__\":\n    main()\n",
+    "models.json": b"{\n  \"name\": \"wisp\",\n  \"version\": 1,\n  \"models\": [{\"id\": \"ppocr_cls\", "
+                   b"\"ready\": true}, {\"id\": \"magika\", \"ready\": false}]\n}\n",
+    "index.html": b"<!DOCTYPE html>\n<html>\n<head><title>Wisp</title></head>\n<body>\n<h1>Hello</h1>\n"
+                  b"<p>An inference server.</p>\n</body>\n</html>\n",
+    "args.c": b"#include <stdio.h>\n\nint main(int argc, char **argv) {\n    for (int i = 0; i < argc; i++) {\n"
+              b"        printf(\"%s\\n\", argv[i]);\n    }\n    return 0;\n}\n",
+    "count.sh": b"#!/bin/sh\nset -e\nfor f in *.txt; do\n  echo \"$f\"\n  wc -l \"$f\"\ndone\n",
+    "line.png": open(os.path.join(IMAGES, "text_upright.png"), "rb").read(),
+    "empty.bin": b"",
+    "tiny.txt": b"hi",
+}
+
+# The demo pipelines that run on tract (the stateful `vad` demo needs ONNX Runtime, and the
+# embeddings pipeline's 90 MB encoder is left out to keep emulated runs short).
+DEMO_MODELS = ["text_direction", "text_direction_bls", "content_type"]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    args = ["--model-control-mode", "explicit"]
+    for m in DEMO_MODELS:
+        args += ["--load-model", m]
+    proc, log, urls = start_wisp(os.path.join(ROOT, "model_repo"), "tract", "edge-demo.log", args)
+    yield httpclient.InferenceServerClient(urls["url"], network_timeout=600)
+    stop_wisp(proc, log)
+
+
+def infer_bytes(client, model, name, data, outputs):
+    inp = httpclient.InferInput(name, [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[data]], dtype=np.object_), binary_data=True)
+    res = client.infer(model, [inp], outputs=[httpclient.InferRequestedOutput(o) for o in outputs])
+    return [res.as_numpy(o).reshape(-1)[0] for o in outputs]
+
+
+def answers(client):
+    out = {}
+    for model in ["text_direction", "text_direction_bls"]:
+        for image in ["text_upright.png", "text_rotated.png"]:
+            png = open(os.path.join(IMAGES, image), "rb").read()
+            (direction,) = infer_bytes(client, model, "IMAGE", png, ["DIRECTION"])
+            score, index, label = direction.decode().split(":")
+            out[f"{model}/{image}"] = {"label": f"{index}:{label}", "score": float(score)}
+    for name, data in FILES.items():
+        label, score = infer_bytes(client, "content_type", "CONTENT", data, ["LABEL", "SCORE"])
+        out[f"content_type/{name}"] = {"label": label.decode(), "score": float(score)}
+    return out
+
+
+def test_demo_pipelines_answer_as_on_x86(demo):
+    got = answers(demo)
+    if os.environ.get("WISP_RECORD_DEMO_ANSWERS"):
+        with open(ANSWERS, "w") as f:
+            json.dump(got, f, indent=1, sort_keys=True)
+            f.write("\n")
+    want = json.load(open(ANSWERS))
+    assert sorted(got) == sorted(want)
+    for key, w in want.items():
+        g = got[key]
+        assert g["label"] == w["label"], f"{key}: {g} vs x86 {w}"
+        assert abs(g["score"] - w["score"]) <= 1e-3, f"{key}: {g} vs x86 {w}"
+
+
+def test_the_engine_is_stated_in_the_metadata(demo):
+    meta = demo.get_model_metadata("magika")
+    assert meta["parameters"]["engine"] == "tract", meta
