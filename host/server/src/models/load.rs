@@ -38,14 +38,29 @@ pub struct LoadOptions {
 
 /// Loads one model; failures are recorded in the entry, never returned. Failure reasons reach
 /// any client (the repository index, readiness errors), so paths in them are made relative to
-/// the repository.
+/// the repository. A panic while loading (a compiler's internal error on a component, say)
+/// fails this model only, never the server.
 pub(super) fn load_model(
     dir: &ModelDir,
     backend: &dyn Backend,
     opts: &LoadOptions,
     config_json: Option<&str>,
 ) -> ModelEntry {
-    let mut entry = load_model_inner(dir, backend, opts, config_json);
+    let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        load_model_inner(dir, backend, opts, config_json)
+    }));
+    let mut entry = loaded.unwrap_or_else(|payload| {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        tracing::error!(model = %dir.name, panic = %what, "loading the model panicked");
+        ModelEntry::broken(
+            &dir.name,
+            format!("loading panicked (an internal error of the engine or compiler): {what}"),
+        )
+    });
     let Some(root) = dir.path.parent() else {
         return entry;
     };

@@ -43,6 +43,9 @@ impl Backend for FakeBackend {
         if tag.starts_with("broken") {
             return Err(Error::invalid("the model file is broken"));
         }
+        if tag.starts_with("panic") {
+            panic!("the fake compiler hit an internal error");
+        }
         Ok(Box::new(FakeLoaded(tag)))
     }
 }
@@ -543,4 +546,29 @@ fn unload_ends_a_watch_and_a_bad_sla_parameter_fails_the_load() {
         .lifecycle_counts()
         .iter()
         .any(|(_, _, watching)| *watching));
+}
+
+#[test]
+fn a_panic_while_loading_fails_that_model_only() {
+    let repo = tempfile::tempdir().unwrap();
+    write_model(repo.path(), "good", &plain_config(1), Some("fine"));
+    write_model(
+        repo.path(),
+        "bad",
+        &plain_config(1),
+        Some("panic in the compiler"),
+    );
+    let (r, _) = registry(repo.path());
+    r.load_initial(None).unwrap();
+    assert_eq!(served_tag(&r, "good"), "fine");
+    let row = index_row(&r, "bad");
+    assert_eq!(row.state, "UNAVAILABLE");
+    assert!(
+        row.reason.contains("loading panicked") && row.reason.contains("internal error"),
+        "{row:?}"
+    );
+    // A reload that panics leaves the serving version alone.
+    rewrite(&repo.path().join("good/1/model.onnx"), "panic again");
+    assert!(r.load("good", None).is_err());
+    assert_eq!(served_tag(&r, "good"), "fine");
 }
