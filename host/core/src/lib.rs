@@ -6,6 +6,7 @@
 //! - [`repository`]: Triton-layout repository scanning and version policies.
 //! - [`backend`]: the `Backend` / `LoadedModel` / `Instance` traits backends implement.
 //! - [`env`]: the one injectable source of environment variables.
+//! - [`meminfo`]: `/proc/meminfo` fields.
 //! - [`trace`]: request traces (the trace extension) the scheduler and ensembles mark.
 //! - [`error`]: the closed [`ErrorKind`](error::ErrorKind) front ends map to statuses.
 //!
@@ -18,6 +19,7 @@ pub mod datatype;
 pub mod env;
 pub mod error;
 pub mod infer;
+pub mod meminfo;
 pub mod repository;
 pub mod tensor;
 pub mod trace;

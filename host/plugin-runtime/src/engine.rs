@@ -192,14 +192,7 @@ pub fn pool_slots(memory: Option<u64>) -> u32 {
 /// Usable memory: the machine's total, or the cgroup's limit (systemd's `MemoryMax`) when
 /// lower. `None` off Linux.
 fn available_memory() -> Option<u64> {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                .map(|kb| kb * 1024)
-        })?;
+    let total = wisp_core::meminfo::MemInfo::read()?.bytes("MemTotal")?;
     let limit = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
         .ok()
         .and_then(|t| t.trim().parse::<u64>().ok());

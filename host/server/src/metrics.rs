@@ -315,17 +315,9 @@ fn cpu_times() -> Option<(u64, u64)> {
 
 /// (total, used) bytes from `/proc/meminfo`.
 fn memory() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(name))?;
-        line.split_whitespace()
-            .nth(1)?
-            .parse::<u64>()
-            .ok()
-            .map(|kb| kb * 1024)
-    };
-    let total = field("MemTotal:")?;
-    let avail = field("MemAvailable:")?;
+    let info = wisp_core::meminfo::MemInfo::read()?;
+    let total = info.bytes("MemTotal")?;
+    let avail = info.bytes("MemAvailable")?;
     Some((total, total.saturating_sub(avail)))
 }
 
