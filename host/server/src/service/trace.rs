@@ -14,6 +14,7 @@
 //! `TENSORS` is refused as not supported.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value};
@@ -611,9 +612,23 @@ fn write_pending(p: &mut Pending) {
         t.write_json(&mut body);
     }
     body.push(b']');
-    if let Err(e) = std::fs::write(&path, body) {
+    if let Err(e) = write_whole(Path::new(&path), &body) {
         tracing::error!(path, error = %e, "cannot write the trace file");
     }
+}
+
+/// Writes `body` beside `path` under a hidden name and renames it into place, so a reader
+/// (a log shipper, a test polling the directory) never sees a created but half-written file.
+fn write_whole(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let partial = path.with_file_name(format!(".{name}.partial"));
+    std::fs::write(&partial, body)?;
+    std::fs::rename(&partial, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&partial);
+    })
 }
 
 #[cfg(test)]
@@ -701,5 +716,25 @@ mod tests {
             assert_eq!(v[0]["model_name"], "m");
             assert_eq!(v[1]["timestamps"][1]["name"], "REQUEST_END");
         }
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.ends_with(".partial")),
+            "files are renamed into place: {names:?}"
+        );
+    }
+
+    #[test]
+    fn a_trace_file_appears_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace.json.7");
+        write_whole(&path, b"[1,2]").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"[1,2]");
+        assert!(!dir.path().join(".trace.json.7.partial").exists());
+        // A directory that is gone fails cleanly and leaves nothing behind.
+        let gone = dir.path().join("missing").join("trace.json");
+        assert!(write_whole(&gone, b"[]").is_err());
     }
 }
