@@ -142,8 +142,9 @@ impl Spec {
     fn new(cfg: &ModelConfig, io: &ModelIo) -> Result<Self> {
         let mut inputs = Vec::new();
         for i in &cfg.input {
-            let dt = DataType::from_config_name(&i.data_type)
-                .ok_or_else(|| Error::invalid(format!("input '{}': invalid data_type", i.name)))?;
+            let dt = i
+                .data_type
+                .ok_or_else(|| Error::invalid(format!("input '{}': no data_type", i.name)))?;
             let Some(file) = io.inputs.iter().find(|t| t.name == i.name) else {
                 return Err(Error::invalid(format!(
                     "model '{}': config input '{}' is not an input of the ONNX model (it has: {})",
@@ -177,13 +178,13 @@ impl Spec {
                     names(&io.outputs)
                 )));
             };
-            let dt = DataType::from_config_name(&o.data_type);
+            let dt = o.data_type;
             if file.datatype != dt {
                 return Err(Error::invalid(format!(
                     "model '{}': output '{}' is {} in the config but {} in the ONNX model",
                     cfg.name,
                     o.name,
-                    o.data_type,
+                    dt.map_or("TYPE_INVALID", |d| d.config_name()),
                     file.datatype
                         .map_or("an unsupported type", |d| d.config_name())
                 )));

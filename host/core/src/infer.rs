@@ -1,7 +1,6 @@
 //! Protocol-neutral inference requests and responses, shared by every front end and backend.
 
 use crate::config::ModelConfig;
-use crate::datatype::DataType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -190,7 +189,7 @@ pub fn validate(req: &InferRequest, cfg: &ModelConfig) -> Result<()> {
                 t.name
             )));
         }
-        let want = DataType::from_config_name(&c.data_type);
+        let want = c.data_type;
         if want != Some(t.datatype) {
             return Err(Error::invalid(format!(
                 "inference input '{}' data-type is '{}', but model '{model}' expects '{}'",

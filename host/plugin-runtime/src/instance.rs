@@ -402,10 +402,12 @@ impl WasmInstance {
                     t.name
                 )));
             }
-            if DataType::from_config_name(&c.data_type) != Some(t.datatype) {
+            if c.data_type != Some(t.datatype) {
                 return Err(Error::internal(format!(
                     "returned output '{}' as {}, the config declares {}",
-                    t.name, t.datatype, c.data_type
+                    t.name,
+                    t.datatype,
+                    c.data_type.map_or("TYPE_INVALID", DataType::config_name)
                 )));
             }
             let dims: &[i64] = &t.shape;

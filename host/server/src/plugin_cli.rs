@@ -416,8 +416,9 @@ fn parse_input(arg: &str, cfg: &ModelConfig) -> anyhow::Result<Tensor> {
             names.join(", ")
         )
     })?;
-    let dt = DataType::from_config_name(&spec.data_type)
-        .with_context(|| format!("input {name}: datatype {}", spec.data_type))?;
+    let dt = spec
+        .data_type
+        .with_context(|| format!("input {name}: the model gives it no data_type"))?;
     let values: Vec<serde_json::Value> = match value.strip_prefix('@') {
         Some(path) => {
             anyhow::ensure!(

@@ -168,11 +168,12 @@ pub struct Specific {
 pub struct ModelInput {
     /// Tensor name.
     pub name: String,
-    /// `TYPE_FP32` etc.
-    pub data_type: String,
+    /// Element type (`TYPE_FP32` in the config); `None` while unset (`TYPE_INVALID`), which
+    /// [`validate`] refuses, so a validated config always has one.
+    #[serde(with = "config_type", skip_serializing_if = "Option::is_none")]
+    pub data_type: Option<DataType>,
     /// `FORMAT_NONE`, `FORMAT_NHWC`, `FORMAT_NCHW`.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub format: String,
+    pub format: TensorFormat,
     /// Shape without the batch dim; -1 = variable.
     pub dims: Vec<i64>,
     /// Shape the backend sees, if different from `dims`.
@@ -191,8 +192,10 @@ pub struct ModelInput {
 pub struct ModelOutput {
     /// Tensor name.
     pub name: String,
-    /// `TYPE_FP32` etc.
-    pub data_type: String,
+    /// Element type (`TYPE_FP32` in the config); `None` while unset, which [`validate`]
+    /// refuses.
+    #[serde(with = "config_type", skip_serializing_if = "Option::is_none")]
+    pub data_type: Option<DataType>,
     /// Shape without the batch dim; -1 = variable.
     pub dims: Vec<i64>,
     /// Shape the backend produces, if different from `dims`.
@@ -212,6 +215,54 @@ pub struct ModelOutput {
 pub struct Reshape {
     /// The shape.
     pub shape: Vec<i64>,
+}
+
+/// `input[].format`: the layout of an image input, for clients that ask.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum TensorFormat {
+    /// `FORMAT_NONE`: no layout implied.
+    #[default]
+    #[serde(rename = "FORMAT_NONE")]
+    None,
+    /// `FORMAT_NHWC`: height, width, channels (3 dims without the batch dim).
+    #[serde(rename = "FORMAT_NHWC")]
+    Nhwc,
+    /// `FORMAT_NCHW`: channels, height, width (3 dims without the batch dim).
+    #[serde(rename = "FORMAT_NCHW")]
+    Nchw,
+}
+
+impl TensorFormat {
+    /// The config name (`FORMAT_NHWC`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TensorFormat::None => "FORMAT_NONE",
+            TensorFormat::Nhwc => "FORMAT_NHWC",
+            TensorFormat::Nchw => "FORMAT_NCHW",
+        }
+    }
+}
+
+/// (De)serializes an element type by its config name (`TYPE_FP32`, `TYPE_STRING` for BYTES).
+/// `TYPE_INVALID`, the schema's zero value, is `None`; the schema admits no other name.
+mod config_type {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::datatype::DataType;
+
+    pub fn serialize<S: Serializer>(v: &Option<DataType>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v.map_or("TYPE_INVALID", DataType::config_name))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DataType>, D::Error> {
+        let name = std::borrow::Cow::<str>::deserialize(d)?;
+        match &*name {
+            "" | "TYPE_INVALID" => Ok(None),
+            n => DataType::from_config_name(n).map(Some).ok_or_else(|| {
+                serde::de::Error::custom(format!("'{n}' is not a data type such as TYPE_FP32"))
+            }),
+        }
+    }
 }
 
 /// `instance_group[].kind`: Triton's names, which the schema alone admits.
@@ -323,8 +374,9 @@ pub struct ModelWarmup {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct WarmupInput {
-    /// `TYPE_FP32` etc.
-    pub data_type: String,
+    /// Element type; `None` takes the declared input's.
+    #[serde(with = "config_type", skip_serializing_if = "Option::is_none")]
+    pub data_type: Option<DataType>,
     /// Shape without the batch dim.
     pub dims: Vec<i64>,
     /// Zeros.
@@ -510,11 +562,7 @@ pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo) {
             t.shape.clone()
         }
     };
-    let type_of = |t: &IoSpec| {
-        t.datatype
-            .map(|d| d.config_name().to_string())
-            .unwrap_or_else(|| "TYPE_INVALID".into())
-    };
+    let type_of = |t: &IoSpec| t.datatype;
     // What the sequence batcher feeds and reads is not the client's to send or see.
     let reserved: Vec<String> = match sequence::read(cfg) {
         Ok(Some(seq)) => seq
@@ -541,7 +589,7 @@ pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo) {
     } else {
         for input in &mut cfg.input {
             if let Some(t) = io.inputs.iter().find(|t| t.name == input.name) {
-                if input.data_type.is_empty() || input.data_type == "TYPE_INVALID" {
+                if input.data_type.is_none() {
                     input.data_type = type_of(t);
                 }
                 if input.dims.is_empty() && input.reshape.is_none() {
@@ -565,7 +613,7 @@ pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo) {
     } else {
         for output in &mut cfg.output {
             if let Some(t) = io.outputs.iter().find(|t| t.name == output.name) {
-                if output.data_type.is_empty() || output.data_type == "TYPE_INVALID" {
+                if output.data_type.is_none() {
                     output.data_type = type_of(t);
                 }
                 if output.dims.is_empty() && output.reshape.is_none() {
@@ -578,7 +626,7 @@ pub fn autocomplete(cfg: &mut ModelConfig, io: &ModelIo) {
 
 /// Fills defaults: name from the directory, ONNX backend when a `model.onnx` is present,
 /// `version_policy { latest { num_versions: 1 } }`, one `KIND_CPU` instance group (two instances
-/// for ONNX models, as Triton), `FORMAT_NONE`.
+/// for ONNX models, as Triton).
 pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
     if cfg.name.is_empty() {
         cfg.name = dir_name.to_string();
@@ -654,11 +702,6 @@ pub fn normalize(cfg: &mut ModelConfig, dir_name: &str, model_dir: &Path) {
             } else {
                 1
             };
-        }
-    }
-    for input in &mut cfg.input {
-        if input.format.is_empty() {
-            input.format = "FORMAT_NONE".into();
         }
     }
 }
@@ -833,27 +876,20 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
             &mut err,
             &p,
             &t.name,
-            &t.data_type,
+            t.data_type,
             &t.dims,
             t.reshape.as_ref(),
         );
         if !seen.insert(t.name.as_str()) {
             err(format!("{p}.name"), format!("duplicate input '{}'", t.name));
         }
-        if !matches!(
-            t.format.as_str(),
-            "FORMAT_NONE" | "FORMAT_NHWC" | "FORMAT_NCHW" | ""
-        ) {
-            err(
-                format!("{p}.format"),
-                format!("unknown format '{}'", t.format),
-            );
-        } else if t.format != "FORMAT_NONE" && !t.format.is_empty() && t.dims.len() != 3 {
+        if t.format != TensorFormat::None && t.dims.len() != 3 {
             err(
                 format!("{p}.format"),
                 format!(
                     "{} needs 3 dims (without the batch dim), got {:?}",
-                    t.format, t.dims
+                    t.format.as_str(),
+                    t.dims
                 ),
             );
         }
@@ -865,7 +901,7 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
             &mut err,
             &p,
             &t.name,
-            &t.data_type,
+            t.data_type,
             &t.dims,
             t.reshape.as_ref(),
         );
@@ -1075,13 +1111,9 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
                 (true, Some(c)) => &c.dims[..],
                 (true, None) => &[][..],
             };
-            let type_name = match (input.data_type.is_empty(), declared) {
-                (false, _) => input.data_type.as_str(),
-                (true, Some(c)) => c.data_type.as_str(),
-                (true, None) => "",
-            };
-            let elem =
-                DataType::from_config_name(type_name).map_or(4, |d| d.size().unwrap_or(4) as u64);
+            let data_type = input.data_type.or(declared.and_then(|c| c.data_type));
+            // Unknown or BYTES elements count 4 bytes each (BYTES' length prefix).
+            let elem = data_type.and_then(DataType::size).unwrap_or(4) as u64;
             let bytes = dims
                 .iter()
                 .try_fold(u64::from(w.batch_size.max(1)) * elem, |acc, &d| {
@@ -1115,7 +1147,7 @@ fn check_tensor(
     err: &mut impl FnMut(String, String),
     p: &str,
     name: &str,
-    data_type: &str,
+    data_type: Option<DataType>,
     dims: &[i64],
     reshape: Option<&Reshape>,
 ) {
@@ -1127,15 +1159,10 @@ fn check_tensor(
     } else {
         format!("{p} '{name}'")
     };
-    if DataType::from_config_name(data_type).is_none() {
-        let got = if data_type.is_empty() {
-            "none"
-        } else {
-            data_type
-        };
+    if data_type.is_none() {
         err(
             format!("{label}.data_type"),
-            format!("must be a valid type such as TYPE_FP32, got {got}"),
+            "must be a valid type such as TYPE_FP32, got none".into(),
         );
     }
     if dims.is_empty() && reshape.is_none() {

@@ -31,8 +31,8 @@ fn parses_a_full_triton_config() {
     assert_eq!(cfg.name, "resnet");
     assert_eq!(cfg.max_batch_size, 8);
     assert_eq!(cfg.input[0].dims, vec![3, 224, 224]);
-    assert_eq!(cfg.input[0].data_type, "TYPE_FP32");
-    assert_eq!(cfg.input[0].format, "FORMAT_NCHW");
+    assert_eq!(cfg.input[0].data_type, Some(DataType::Fp32));
+    assert_eq!(cfg.input[0].format, TensorFormat::Nchw);
     assert_eq!(cfg.output[0].dims, vec![1000]);
     assert_eq!(cfg.instance_group[0].count, 2);
     assert_eq!(cfg.parameter("intra_op_thread_count"), Some("1"));
@@ -134,7 +134,7 @@ fn autocomplete_fills_everything_from_the_model() {
         "a defaulted max_batch_size turns batching on"
     );
     assert_eq!(cfg.input[0].dims, vec![3, 48, 192]);
-    assert_eq!(cfg.input[0].data_type, "TYPE_FP32");
+    assert_eq!(cfg.input[0].data_type, Some(DataType::Fp32));
     assert_eq!(cfg.output[0].dims, vec![2]);
 }
 
@@ -162,7 +162,7 @@ fn autocomplete_fills_partial_inputs_only() {
     autocomplete(&mut cfg, &io());
     assert_eq!(cfg.input[0].dims, vec![3, 48, 192]);
     assert_eq!(cfg.output[0].label_filename, "l.txt");
-    assert_eq!(cfg.output[0].data_type, "TYPE_FP32");
+    assert_eq!(cfg.output[0].data_type, Some(DataType::Fp32));
 }
 
 #[test]
@@ -194,4 +194,26 @@ fn normalize_sets_triton_defaults() {
     assert_eq!(cfg.instance_group[0].kind, InstanceKind::Cpu);
     assert_eq!(cfg.instance_group[0].count, 2);
     assert_eq!(cfg.default_model_filename, "model.onnx");
+}
+
+#[test]
+fn data_types_and_formats_are_typed_and_echo_their_config_names() {
+    let text = r#"input [ { name: "s" data_type: TYPE_STRING dims: [ 1 ] format: FORMAT_NHWC },
+                          { name: "u" dims: [ 1 ] } ]
+                  output [ { name: "y" data_type: TYPE_BF16 dims: [ 2 ] } ]"#;
+    let cfg = parse_pbtxt("m", text).unwrap();
+    assert_eq!(cfg.input[0].data_type, Some(DataType::Bytes));
+    assert_eq!(cfg.input[0].format, TensorFormat::Nhwc);
+    assert_eq!(cfg.input[1].data_type, None, "unset is TYPE_INVALID");
+    assert_eq!(cfg.input[1].format, TensorFormat::None);
+    assert_eq!(cfg.output[0].data_type, Some(DataType::Bf16));
+    let json = config_to_json(&cfg);
+    assert_eq!(json["input"][0]["data_type"], "TYPE_STRING");
+    assert_eq!(json["input"][0]["format"], "FORMAT_NHWC");
+    assert_eq!(json["input"][1]["data_type"], "TYPE_INVALID");
+    assert_eq!(json["output"][0]["data_type"], "TYPE_BF16");
+    // The JSON form reads back to the same config.
+    let back = config_from_json(&json.to_string()).unwrap();
+    assert_eq!(back.input, cfg.input);
+    assert_eq!(back.output, cfg.output);
 }

@@ -156,7 +156,7 @@ fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, cfg: &ModelConfig) -
     let datatype = DataType::parse(datatype).map_err(|e| at(e.message().to_string()))?;
     // Check the datatype before reading `data`, so a mismatch is reported as such.
     if let Some(c) = cfg.input.iter().find(|c| c.name == name) {
-        let want = DataType::from_config_name(&c.data_type);
+        let want = c.data_type;
         if want != Some(datatype) {
             return Err(Error::invalid(format!(
                 "inference input '{name}' data-type is '{datatype}', but model '{}' expects '{}'",
@@ -274,8 +274,9 @@ fn decode_raw(body: Bytes, cfg: &ModelConfig) -> Result<Decoded> {
             cfg.input.len()
         )));
     };
-    let dt = DataType::from_config_name(&input.data_type)
-        .ok_or_else(|| Error::internal("validated config has a bad data_type"))?;
+    let dt = input
+        .data_type
+        .ok_or_else(|| Error::internal("validated config has no data_type"))?;
     let mut shape: Vec<i64> = if cfg.batches() { vec![1] } else { vec![] };
     let data: Bytes = match dt.size() {
         None => {

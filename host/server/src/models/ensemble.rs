@@ -15,7 +15,7 @@ use std::sync::{mpsc, Arc};
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
 use wisp_core::config::{ModelConfig, ModelIo};
-use wisp_core::{Error, InferRequest, InferResponse, Result};
+use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
 use wisp_scheduler::ensemble::{Plan, Progress, Run, Step};
 
 use super::caller::RegistryCaller;
@@ -36,10 +36,15 @@ impl EnsembleBackend {
 /// the model that declares them batches.
 #[derive(Clone)]
 struct Spec {
-    datatype: String,
+    datatype: Option<DataType>,
     dims: Vec<i64>,
     batching: bool,
     from: String,
+}
+
+/// A config's name for an element type (`TYPE_FP32`), as error messages quote it.
+fn type_name(t: Option<DataType>) -> &'static str {
+    t.map_or("TYPE_INVALID", DataType::config_name)
 }
 
 impl Spec {
@@ -72,7 +77,7 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
             (
                 i.name.clone(),
                 Spec {
-                    datatype: i.data_type.clone(),
+                    datatype: i.data_type,
                     dims: i.dims.clone(),
                     batching: cfg.max_batch_size > 0,
                     from: format!("ensemble input '{}'", i.name),
@@ -103,7 +108,7 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
                             known.insert(
                                 tensor.clone(),
                                 Spec {
-                                    datatype: o.data_type.clone(),
+                                    datatype: o.data_type,
                                     dims: o.dims.clone(),
                                     batching: c.max_batch_size > 0,
                                     from: format!("{} output '{out}'", s.label(n)),
@@ -151,12 +156,12 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
                 errs.push(format!(
                     "{}: input '{input}' is {} but '{tensor}' ({}) is {}",
                     s.label(n),
-                    i.data_type,
+                    type_name(i.data_type),
                     spec.from,
-                    spec.datatype
+                    type_name(spec.datatype)
                 ));
             } else if !spec.compatible(&Spec {
-                datatype: i.data_type.clone(),
+                datatype: i.data_type,
                 dims: i.dims.clone(),
                 batching: c.max_batch_size > 0,
                 from: String::new(),
@@ -176,10 +181,13 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
             if spec.datatype != o.data_type {
                 errs.push(format!(
                     "ensemble output '{}' is {} but {} is {}",
-                    o.name, o.data_type, spec.from, spec.datatype
+                    o.name,
+                    type_name(o.data_type),
+                    spec.from,
+                    type_name(spec.datatype)
                 ));
             } else if !spec.compatible(&Spec {
-                datatype: o.data_type.clone(),
+                datatype: o.data_type,
                 dims: o.dims.clone(),
                 batching: cfg.max_batch_size > 0,
                 from: String::new(),

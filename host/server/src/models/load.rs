@@ -382,7 +382,7 @@ fn with_sequence_io(cfg: &ModelConfig, seq: &config::sequence::SequenceBatching)
     for c in &seq.controls {
         full.input.push(config::ModelInput {
             name: c.name.clone(),
-            data_type: c.datatype.config_name().to_string(),
+            data_type: Some(c.datatype),
             dims: vec![1],
             ..Default::default()
         });
@@ -390,14 +390,14 @@ fn with_sequence_io(cfg: &ModelConfig, seq: &config::sequence::SequenceBatching)
     for s in &seq.states {
         full.input.push(config::ModelInput {
             name: s.input_name.clone(),
-            data_type: s.datatype.config_name().to_string(),
+            data_type: Some(s.datatype),
             dims: s.dims.clone(),
             ..Default::default()
         });
         if !full.output.iter().any(|o| o.name == s.output_name) {
             full.output.push(config::ModelOutput {
                 name: s.output_name.clone(),
-                data_type: s.datatype.config_name().to_string(),
+                data_type: Some(s.datatype),
                 dims: s.dims.clone(),
                 ..Default::default()
             });

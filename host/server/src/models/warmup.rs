@@ -65,13 +65,10 @@ fn warmup_request(
             .iter()
             .find(|c| &c.name == name)
             .ok_or_else(|| Error::invalid(format!("'{name}' is not an input")))?;
-        let type_name = if w.data_type.is_empty() {
-            &c.data_type
-        } else {
-            &w.data_type
-        };
-        let dt = DataType::from_config_name(type_name)
-            .ok_or_else(|| Error::invalid(format!("input '{name}': bad data_type {type_name}")))?;
+        let dt = w
+            .data_type
+            .or(c.data_type)
+            .ok_or_else(|| Error::invalid(format!("input '{name}': no data_type")))?;
         let dims = if w.dims.is_empty() { &c.dims } else { &w.dims };
         if dims.iter().any(|&d| d < 0) {
             return Err(Error::invalid(format!(

@@ -92,8 +92,7 @@ impl EmbeddingApi {
                 }
             },
         };
-        if input.data_type != DataType::Bytes.config_name() || !matches!(input.dims[..], [1] | [-1])
-        {
+        if input.data_type != Some(DataType::Bytes) || !matches!(input.dims[..], [1] | [-1]) {
             return Err(bad(
                 "openai.input",
                 format!(
@@ -112,7 +111,7 @@ impl EmbeddingApi {
                 let mut fp32 = cfg
                     .output
                     .iter()
-                    .filter(|o| o.data_type == DataType::Fp32.config_name());
+                    .filter(|o| o.data_type == Some(DataType::Fp32));
                 match (fp32.next(), fp32.next()) {
                     (Some(only), None) => only,
                     _ => {
@@ -125,7 +124,7 @@ impl EmbeddingApi {
             }
         };
         let size = match output.dims[..] {
-            [n] if output.data_type == DataType::Fp32.config_name() && n > 0 => n as usize,
+            [n] if output.data_type == Some(DataType::Fp32) && n > 0 => n as usize,
             _ => {
                 return Err(bad(
                     "openai.output",
@@ -144,9 +143,7 @@ impl EmbeddingApi {
                     .iter()
                     .find(|o| o.name == name)
                     .ok_or_else(|| bad("openai.usage", format!("names no output: '{name}'")))?;
-                let integer = [DataType::Int32, DataType::Int64]
-                    .iter()
-                    .any(|d| d.config_name() == o.data_type);
+                let integer = matches!(o.data_type, Some(DataType::Int32 | DataType::Int64));
                 if !integer || !matches!(o.dims[..], [1] | [-1]) {
                     return Err(bad(
                         "openai.usage",

@@ -108,10 +108,15 @@ pub struct VersionStats {
     pub batches: Vec<BatchStats>,
 }
 
-fn tensor_metadata(name: &str, data_type: &str, dims: &[i64], batches: bool) -> TensorMetadata {
+fn tensor_metadata(
+    name: &str,
+    data_type: Option<DataType>,
+    dims: &[i64],
+    batches: bool,
+) -> TensorMetadata {
     TensorMetadata {
         name: name.to_string(),
-        datatype: DataType::from_config_name(data_type).map_or("INVALID", |d| d.as_str()),
+        datatype: data_type.map_or("INVALID", DataType::as_str),
         shape: if batches {
             std::iter::once(-1).chain(dims.iter().copied()).collect()
         } else {
@@ -201,12 +206,12 @@ impl Service {
             inputs: cfg
                 .input
                 .iter()
-                .map(|i| tensor_metadata(&i.name, &i.data_type, &i.dims, cfg.batches()))
+                .map(|i| tensor_metadata(&i.name, i.data_type, &i.dims, cfg.batches()))
                 .collect(),
             outputs: cfg
                 .output
                 .iter()
-                .map(|o| tensor_metadata(&o.name, &o.data_type, &o.dims, cfg.batches()))
+                .map(|o| tensor_metadata(&o.name, o.data_type, &o.dims, cfg.batches()))
                 .collect(),
             engine: m.engine.clone(),
         })
