@@ -265,8 +265,25 @@ impl Registry {
             marks.files.replace(files)
         };
         if old_files == Some(files) {
-            if let Some(done) = self.try_resize(dir, config_json) {
-                return done;
+            match self.try_resize(dir, config_json) {
+                None => {}
+                Some(Ok(())) => {
+                    slot.marks.lock().expect("marks").reload_error = None;
+                    return Ok(());
+                }
+                Some(Err(e)) => {
+                    let reason = format!(
+                        "resize failed, previous instances still serving: {}",
+                        e.message()
+                    );
+                    tracing::error!(model = %dir.name, %reason, "model resize failed");
+                    slot.counts.lock().expect("counts").load_failures += 1;
+                    slot.marks.lock().expect("marks").reload_error = Some(reason.clone());
+                    return Err(Error::invalid(format!(
+                        "failed to load '{}': {reason}",
+                        dir.name
+                    )));
+                }
             }
         }
         let entry = load_model(dir, self.backend.as_ref(), &self.opts, config_json);

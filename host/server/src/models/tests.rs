@@ -55,7 +55,10 @@ impl LoadedModel for FakeLoaded {
         "fake"
     }
 
-    fn new_instance(&self, _: usize) -> Result<Box<dyn Instance>> {
+    fn new_instance(&self, index: usize) -> Result<Box<dyn Instance>> {
+        if self.0.starts_with("two at most") && index >= 2 {
+            return Err(Error::invalid("no room for a third instance"));
+        }
         Ok(Box::new(FakeInstance(self.0.clone())))
     }
 }
@@ -260,6 +263,43 @@ fn a_count_change_resizes_in_place() {
     assert_eq!(r.get("m", None).unwrap().config.instance_count(), 2);
     assert_eq!(backend.loads().len(), 1);
     assert_eq!(served_tag(&r, "m"), "one");
+}
+
+#[test]
+fn a_failed_resize_keeps_the_instances_serving_and_is_counted() {
+    let repo = tempfile::tempdir().unwrap();
+    write_model(repo.path(), "m", &plain_config(1), Some("two at most"));
+    let (r, backend) = registry(repo.path());
+    r.load_initial(None).unwrap();
+
+    rewrite(&repo.path().join("m/config.pbtxt"), &plain_config(3));
+    let err = r.load("m", None).unwrap_err();
+    assert!(
+        err.message().contains("resize failed") && err.message().contains("third instance"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(
+        backend.loads().len(),
+        1,
+        "the resize was tried, not a reload"
+    );
+    let m = r.get("m", None).unwrap();
+    assert_eq!(m.scheduler.instance_count(), 1);
+    assert_eq!(
+        m.config.instance_count(),
+        1,
+        "the old config still describes it"
+    );
+    assert_eq!(served_tag(&r, "m"), "two at most");
+    assert_eq!(counts(&r, "m").load_failures, 1);
+    assert!(index_row(&r, "m").reason.contains("resize failed"));
+
+    // A resize that fits clears the mark.
+    rewrite(&repo.path().join("m/config.pbtxt"), &plain_config(2));
+    r.load("m", None).unwrap();
+    assert_eq!(r.get("m", None).unwrap().scheduler.instance_count(), 2);
+    assert_eq!(index_row(&r, "m").reason, "");
 }
 
 #[test]
