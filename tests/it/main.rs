@@ -3,6 +3,7 @@
 
 mod common;
 mod corpus;
+mod embed;
 mod ensembles;
 mod hardening;
 mod http_api;

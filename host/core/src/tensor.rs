@@ -66,6 +66,99 @@ impl Tensor {
     pub fn element_count(&self) -> usize {
         self.shape.iter().map(|&d| d.max(0) as usize).product()
     }
+
+    /// A tensor of plain elements (`f32`, `i64`, …), stored little-endian.
+    pub fn from_values<T: Element>(
+        name: impl Into<String>,
+        shape: Vec<i64>,
+        values: &[T],
+    ) -> Result<Self> {
+        let mut data = Vec::with_capacity(values.len().saturating_mul(T::SIZE));
+        for v in values {
+            v.write_le(&mut data);
+        }
+        Tensor::new(name, T::DATATYPE, shape, data.into())
+    }
+
+    /// A BYTES tensor of the given strings.
+    pub fn from_strings<B: AsRef<[u8]>>(
+        name: impl Into<String>,
+        shape: Vec<i64>,
+        items: impl IntoIterator<Item = B>,
+    ) -> Result<Self> {
+        Tensor::new(
+            name,
+            DataType::Bytes,
+            shape,
+            encode_bytes_elements(items).into(),
+        )
+    }
+
+    /// The elements as `T`, which must be this tensor's datatype.
+    pub fn values<T: Element>(&self) -> Result<Vec<T>> {
+        if self.datatype != T::DATATYPE {
+            return Err(Error::invalid(format!(
+                "tensor '{}' is {}, not {}",
+                self.name,
+                self.datatype,
+                T::DATATYPE
+            )));
+        }
+        Ok(self.data.chunks_exact(T::SIZE).map(T::read_le).collect())
+    }
+
+    /// The elements of a BYTES tensor.
+    pub fn strings(&self) -> Result<Vec<&[u8]>> {
+        if self.datatype != DataType::Bytes {
+            return Err(Error::invalid(format!(
+                "tensor '{}' is {}, not BYTES",
+                self.name, self.datatype
+            )));
+        }
+        decode_bytes_elements(&self.data)
+    }
+}
+
+/// A fixed-size element type a [`Tensor`] can be built from ([`Tensor::from_values`]) and read
+/// as ([`Tensor::values`]).
+pub trait Element: Copy {
+    /// The tensor datatype of this element type.
+    const DATATYPE: DataType;
+    /// Bytes per element.
+    const SIZE: usize;
+    /// Appends the little-endian bytes.
+    fn write_le(self, out: &mut Vec<u8>);
+    /// Reads one element from exactly [`Self::SIZE`] little-endian bytes.
+    fn read_le(bytes: &[u8]) -> Self;
+}
+
+macro_rules! element {
+    ($($t:ty => $dt:ident),* $(,)?) => {$(
+        impl Element for $t {
+            const DATATYPE: DataType = DataType::$dt;
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn read_le(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("SIZE bytes"))
+            }
+        }
+    )*};
+}
+
+element!(u8 => Uint8, u16 => Uint16, u32 => Uint32, u64 => Uint64, i8 => Int8, i16 => Int16,
+    i32 => Int32, i64 => Int64, f32 => Fp32, f64 => Fp64);
+
+impl Element for bool {
+    const DATATYPE: DataType = DataType::Bool;
+    const SIZE: usize = 1;
+    fn write_le(self, out: &mut Vec<u8>) {
+        out.push(u8::from(self));
+    }
+    fn read_le(bytes: &[u8]) -> Self {
+        bytes[0] != 0
+    }
 }
 
 /// Number of elements of `shape`, rejecting negative dims and overflow.
@@ -218,6 +311,22 @@ mod tests {
     fn f32s(name: &str, shape: Vec<i64>, v: &[f32]) -> Tensor {
         let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         Tensor::new(name, DataType::Fp32, shape, data.into()).unwrap()
+    }
+
+    #[test]
+    fn typed_values_round_trip_and_check_their_type() {
+        let t = Tensor::from_values("x", vec![2, 2], &[1.5f32, -2.0, 0.0, 7.25]).unwrap();
+        assert_eq!(t.datatype, DataType::Fp32);
+        assert_eq!(t.values::<f32>().unwrap(), vec![1.5, -2.0, 0.0, 7.25]);
+        let e = t.values::<i64>().unwrap_err();
+        assert!(e.message().contains("is FP32, not INT64"), "{e}");
+        let b = Tensor::from_values("b", vec![3], &[true, false, true]).unwrap();
+        assert_eq!(b.data.as_ref(), &[1, 0, 1]);
+        assert_eq!(b.values::<bool>().unwrap(), vec![true, false, true]);
+        assert!(Tensor::from_values("short", vec![3], &[1i64, 2]).is_err());
+        let s = Tensor::from_strings("s", vec![2], ["hi", ""]).unwrap();
+        assert_eq!(s.strings().unwrap(), vec![&b"hi"[..], b""]);
+        assert!(t.strings().is_err());
     }
 
     #[test]

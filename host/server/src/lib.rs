@@ -10,6 +10,7 @@ pub mod alloc;
 pub mod cache;
 pub mod cli;
 pub mod conn;
+pub mod embed;
 pub mod grpc;
 pub mod host_policy;
 pub mod http;
@@ -134,28 +135,22 @@ impl Resolved {
     }
 }
 
-/// A running server.
-pub struct Server {
-    addr: SocketAddr,
-    metrics_addr: Option<SocketAddr>,
-    metrics_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+/// What every way of running Wisp shares: the models, the service over them, and the tasks
+/// that keep the repository current. [`Server`] puts front ends on it; [`embed::Embedded`]
+/// calls it in-process.
+struct Core {
+    registry: Arc<Registry>,
+    service: Arc<service::Service>,
+    metrics: Option<Arc<metrics::Metrics>>,
     poller: Option<tokio::task::JoinHandle<()>>,
     /// Judges reloads under SLA watch (`Registry::watch_rollouts`).
     rollouts: tokio::task::JoinHandle<()>,
-    exit_timeout: std::time::Duration,
-    registry: Arc<Registry>,
-    service: Arc<service::Service>,
-    shutdown: Option<tokio::sync::watch::Sender<bool>>,
-    grpc_addr: Option<SocketAddr>,
-    grpc_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-impl Server {
-    /// Loads the models and starts serving HTTP. Must be called inside a tokio runtime.
-    pub async fn start(settings: Settings) -> anyhow::Result<Server> {
-        // Every setting is checked before any model loads, and every error is reported.
-        let resolved = Resolved::from(&settings)?;
+impl Core {
+    /// Chooses the engines, loads the models (off the async runtime) and builds the service.
+    /// Must be called inside a tokio runtime.
+    async fn open(settings: &Settings, resolved: &mut Resolved) -> anyhow::Result<Core> {
         let lib = match settings.onnx_engine {
             OnnxEngine::Tract => None,
             // An edge build has no ONNX Runtime to look for.
@@ -168,14 +163,12 @@ impl Server {
             OnnxEngine::Tract => EngineChoice::Tract,
         };
         let backend = OnnxBackend::new(choice, lib).map_err(|e| anyhow::anyhow!("{e}"))?;
-        if OnnxBackend::HAS_ONNXRUNTIME {
-            tracing::info!(engine = backend.engine(), "ONNX engine selected");
+        let edge = if OnnxBackend::HAS_ONNXRUNTIME {
+            ""
         } else {
-            tracing::info!(
-                engine = backend.engine(),
-                "ONNX engine selected: this build has no ONNX Runtime (edge build), tract serves every ONNX model"
-            );
-        }
+            ": this build has no ONNX Runtime (edge build), tract serves every ONNX model"
+        };
+        tracing::info!(engine = backend.engine(), "ONNX engine selected{edge}");
         let plugin_failures = Arc::new(wisp_plugin_runtime::FailureCounts::default());
         let caller = Arc::new(models::caller::RegistryCaller::default());
         let wasm = wisp_plugin_runtime::WasmBackend::new(
@@ -188,12 +181,12 @@ impl Server {
             Some(caller.clone()),
         );
         let verify_failures = Arc::new(signing::VerifyFailures::default());
-        let verification = resolved.verify_key.map(|key| signing::Verification {
+        let verification = resolved.verify_key.take().map(|key| signing::Verification {
             key,
             required: settings.require_signed_models,
             failures: verify_failures.clone(),
         });
-        let metrics = match resolved.metrics {
+        let metrics = match resolved.metrics.take() {
             Some(o) => Some(
                 metrics::Metrics::new(o, plugin_failures, verify_failures.clone())
                     .map_err(|e| anyhow::anyhow!(e))?,
@@ -207,7 +200,7 @@ impl Server {
             autocomplete: !settings.disable_auto_complete_config,
             threads: settings.model_load_thread_count,
             observers: metrics.clone().map(|m| m as Arc<dyn models::Observers>),
-            host_policies: resolved.host_policies,
+            host_policies: std::mem::take(&mut resolved.host_policies),
             verification,
         };
         let registry = Arc::new(Registry::new(
@@ -237,6 +230,7 @@ impl Server {
         if settings.exit_on_error && !registry.all_ready() {
             anyhow::bail!("some models failed to load and --exit-on-error is set");
         }
+        let trace = &resolved.trace;
         let service = Arc::new(service::Service {
             registry: registry.clone(),
             cache,
@@ -250,11 +244,11 @@ impl Server {
             )),
             shm: Default::default(),
             trace: service::trace::TraceControl::new(
-                resolved.trace.settings.clone(),
-                match resolved.trace.settings.otel() {
+                trace.settings.clone(),
+                match trace.settings.otel() {
                     true => Some(
                         service::otel::Exporter::start(
-                            &resolved.trace.otel,
+                            &trace.otel,
                             tokio::runtime::Handle::current(),
                         )
                         .map_err(anyhow::Error::msg)?,
@@ -274,12 +268,6 @@ impl Server {
                 log_verbose_level: settings.log_verbose as u64,
                 log_format: settings.log_format.clone(),
             }),
-        });
-        let state = Arc::new(http::AppState {
-            service: service.clone(),
-            restricted: resolved.http_restricted,
-            max_input_size: settings.http_max_input_size,
-            body_timeout: std::time::Duration::from_secs(settings.http_body_timeout_secs),
         });
         let poller = (settings.model_control_mode == ControlMode::Poll).then(|| {
             let r = registry.clone();
@@ -309,6 +297,65 @@ impl Server {
                 }
             })
         };
+        Ok(Core {
+            registry,
+            service,
+            metrics,
+            poller,
+            rollouts,
+        })
+    }
+
+    /// Stops the repository poller and the SLA watch.
+    fn stop_tasks(&self) {
+        if let Some(t) = &self.poller {
+            t.abort();
+        }
+        self.rollouts.abort();
+    }
+
+    /// Stops the background tasks, then drains every model's scheduler and writes the last
+    /// traces. Requests still running finish first (the drain waits for them).
+    async fn close(self) -> anyhow::Result<()> {
+        self.stop_tasks();
+        let registry = self.registry;
+        tokio::task::spawn_blocking(move || registry.shutdown()).await?;
+        let service = self.service;
+        tokio::task::spawn_blocking(move || service.trace.shutdown()).await?;
+        Ok(())
+    }
+}
+
+/// A running server.
+pub struct Server {
+    addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    metrics_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    exit_timeout: std::time::Duration,
+    core: Option<Core>,
+    shutdown: Option<tokio::sync::watch::Sender<bool>>,
+    grpc_addr: Option<SocketAddr>,
+    grpc_task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    /// Loads the models and starts serving HTTP. Must be called inside a tokio runtime.
+    pub async fn start(settings: Settings) -> anyhow::Result<Server> {
+        // Every setting is checked before any model loads, and every error is reported.
+        let mut resolved = Resolved::from(&settings)?;
+        let core = Core::open(&settings, &mut resolved).await?;
+        let (registry, service, metrics) = (
+            core.registry.clone(),
+            core.service.clone(),
+            core.metrics.clone(),
+        );
+        let state = Arc::new(http::AppState {
+            service: service.clone(),
+            restricted: resolved.http_restricted,
+            max_input_size: settings.http_max_input_size,
+            body_timeout: std::time::Duration::from_secs(settings.http_body_timeout_secs),
+        });
         let addr = SocketAddr::new(settings.http_address, settings.http_port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -410,11 +457,8 @@ impl Server {
             addr,
             metrics_addr,
             metrics_task,
-            poller,
-            rollouts,
             exit_timeout: std::time::Duration::from_secs(settings.exit_timeout_secs),
-            registry,
-            service,
+            core: Some(core),
             shutdown: Some(tx),
             grpc_addr,
             grpc_task,
@@ -439,7 +483,16 @@ impl Server {
 
     /// The model registry.
     pub fn registry(&self) -> &Arc<Registry> {
-        &self.registry
+        &self.core().registry
+    }
+
+    /// The service the front ends call.
+    pub fn service(&self) -> &Arc<service::Service> {
+        &self.core().service
+    }
+
+    fn core(&self) -> &Core {
+        self.core.as_ref().expect("the core lives until shutdown")
     }
 
     /// Stops accepting connections, waits for in-flight requests, then drains the models.
@@ -466,14 +519,9 @@ impl Server {
         if let Some(t) = self.metrics_task.take() {
             t.abort();
         }
-        if let Some(t) = self.poller.take() {
-            t.abort();
+        match self.core.take() {
+            Some(core) => core.close().await,
+            None => Ok(()),
         }
-        self.rollouts.abort();
-        let registry = self.registry.clone();
-        tokio::task::spawn_blocking(move || registry.shutdown()).await?;
-        let service = self.service.clone();
-        tokio::task::spawn_blocking(move || service.trace.shutdown()).await?;
-        Ok(())
     }
 }
