@@ -1,0 +1,19 @@
+"""Three replicas behind nginx with deploy/nginx/wisp.conf, under load from tritonclient (HTTP
+and gRPC): a replica killed and restarted, one rolled to a new version and one stopped
+gracefully and restarted must cost no request (see replicas.py)."""
+import os
+
+import pytest
+
+import replicas
+
+
+@pytest.mark.skipif(bool(os.environ.get("WISP_RUNNER")), reason="native binaries only")
+def test_replicas_behind_nginx_lose_no_request_when_killed_rolled_and_restarted():
+    result = replicas.run(seconds=15, threads=4)
+    print(replicas.report(result))
+    assert result["failed"] == 0, result["errors"]
+    assert result["requests"] > 100
+    assert result["versions"] == ["1", "2"], "the rolled replica answered with version 2"
+    # Serving never stopped: every second of the run answered requests.
+    assert all(n > 0 for n in result["per_second"]), result["per_second"]
