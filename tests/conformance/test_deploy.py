@@ -1,0 +1,229 @@
+"""The deployment artefacts in deploy/, validated offline.
+
+- Kubernetes objects against the Kubernetes 1.37 JSON schemas that the `kubernetes-validate`
+  package bundles, strictly (an unknown field fails).
+- KServe objects against KServe's own API types, as its Python SDK (`kserve`, installed without
+  its dependencies, never imported) declares them: every field name and type, down to the
+  Kubernetes types inside (a Container), which are checked against the same Kubernetes schemas.
+- What ties them together: the probes, ports and shutdown timing against what `wisp serve`
+  actually does, and the HPA's metric against the adapter rule that serves it.
+"""
+import ast
+import glob
+import importlib.util
+import json
+import os
+import re
+import subprocess
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import referencing
+import yaml
+
+from conftest import ROOT, wisp_command
+
+DEPLOY = os.path.join(ROOT, "deploy")
+K8S_VERSION = "1.37.0"
+
+
+def documents(pattern):
+    out = []
+    for path in sorted(glob.glob(os.path.join(DEPLOY, pattern))):
+        with open(path) as f:
+            out += [(os.path.basename(path), d) for d in yaml.safe_load_all(f) if d]
+    return out
+
+
+def by_kind(kind):
+    found = [d for _, d in documents("*/*.yaml") if d["kind"] == kind]
+    assert found, f"no {kind} in deploy/"
+    return found
+
+
+# --- Kubernetes ---------------------------------------------------------------------------
+
+def test_kubernetes_objects_fit_the_schemas_strictly():
+    checked = []
+    for name, doc in documents("kubernetes/*.yaml"):
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a Prometheus Operator CRD: checked below
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        checked.append(doc["kind"])
+    assert {"Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler",
+            "ConfigMap"} <= set(checked)
+
+
+def test_a_schema_violation_is_caught():
+    (deployment,) = by_kind("Deployment")
+    bad = json.loads(json.dumps(deployment))
+    bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["pathh"] = "/"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def args_of(container):
+    return dict(a.split("=", 1) for a in container["args"] if a.startswith("--") and "=" in a)
+
+
+def test_deployment_matches_what_wisp_does():
+    (deployment,) = by_kind("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = args_of(c)
+    # Shutdown: endpoints drop the pod (preStop), then Wisp finishes in-flight requests for up
+    # to --exit-timeout-secs; the grace period must cover both.
+    pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + int(args["--exit-timeout-secs"]) + 5
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert c["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}, "wisp serve's default ports"
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert args["--model-repository"] in mounts and args["--wasm-cache-dir"] in mounts
+    cache = next(v for v in pod["volumes"] if v["name"] == "plugin-cache")
+    assert "emptyDir" in cache
+    (service,) = by_kind("Service")
+    assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
+    (monitor,) = by_kind("ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["spec"]["selector"]["matchLabels"] == service["metadata"]["labels"]
+
+
+def test_the_hpa_metric_is_the_adapters_and_wisps():
+    (hpa,) = by_kind("HorizontalPodAutoscaler")
+    metric = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    (adapter,) = [d for d in by_kind("ConfigMap") if d["metadata"]["name"] == "adapter-config"]
+    rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert any(r["name"]["as"] == metric for r in rules)
+    series = re.match(r"(\w+)", rules[0]["seriesQuery"]).group(1)
+    with open(os.path.join(ROOT, "host", "server", "src", "metrics.rs")) as f:
+        assert f'"{series}"' in f.read(), f"Wisp exports no {series}"
+
+
+# --- KServe -------------------------------------------------------------------------------
+
+def kserve_types():
+    """KServe's API types from its SDK's generated models: class -> {json key: type}."""
+    spec = importlib.util.find_spec("kserve")
+    assert spec is not None, "the kserve SDK is not installed (./dev test installs it)"
+    models = os.path.join(spec.submodule_search_locations[0], "models")
+    types = {}
+    for path in glob.glob(os.path.join(models, "v*.py")):
+        tree = ast.parse(open(path).read())
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            found = {}
+            for node in cls.body:
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                    if node.targets[0].id in ("openapi_types", "attribute_map"):
+                        found[node.targets[0].id] = ast.literal_eval(node.value)
+            if len(found) == 2:
+                types[cls.name] = {found["attribute_map"][a]: t
+                                   for a, t in found["openapi_types"].items()}
+    assert "V1alpha1ServingRuntimeSpec" in types
+    return types
+
+
+def k8s_validator():
+    base = os.path.join(os.path.dirname(kubernetes_validate.__file__), "kubernetes-json-schema",
+                        f"v{K8S_VERSION}-local-strict", "_definitions.json")
+    defs = json.load(open(base))
+    registry = referencing.Registry().with_resource(
+        defs["$id"], referencing.Resource.from_contents(defs))
+    names = {}
+    for key in defs["$defs"]:
+        m = re.search(r"\.(v\d\w*)\.(\w+)$", key)
+        if m:
+            names.setdefault(m.group(1).capitalize() + m.group(2), []).append(key)
+
+    def validate(value, sdk_type, path):
+        keys = names.get(sdk_type, [])
+        keys.sort(key=lambda k: not k.startswith("io.k8s.api.core."))
+        assert keys, f"{path}: no Kubernetes schema for {sdk_type}"
+        schema = {"$id": "https://kubernetes.io/api/check.json",
+                  "$ref": f"/api/_definitions.json#/$defs/{keys[0]}"}
+        try:
+            jsonschema.Draft202012Validator(schema, registry=registry).validate(value)
+        except jsonschema.ValidationError as e:
+            raise AssertionError(f"{path}: {e.message}") from None
+
+    return validate
+
+
+def check_kserve(value, sdk_type, path, types, k8s):
+    if sdk_type in ("str", "object"):
+        assert sdk_type == "object" or isinstance(value, str), f"{path}: not a string"
+    elif sdk_type == "int":
+        assert isinstance(value, int) and not isinstance(value, bool), f"{path}: not an int"
+    elif sdk_type == "bool":
+        assert isinstance(value, bool), f"{path}: not a bool"
+    elif sdk_type.startswith("list["):
+        assert isinstance(value, list), f"{path}: not a list"
+        for i, v in enumerate(value):
+            check_kserve(v, sdk_type[5:-1], f"{path}[{i}]", types, k8s)
+    elif sdk_type.startswith("dict("):
+        assert isinstance(value, dict), f"{path}: not a map"
+        inner = sdk_type[5:-1].split(", ", 1)[1]
+        for k, v in value.items():
+            check_kserve(v, inner, f"{path}.{k}", types, k8s)
+    elif sdk_type in types:
+        assert isinstance(value, dict), f"{path}: not an object"
+        fields = types[sdk_type]
+        for k, v in value.items():
+            assert k in fields, f"{path}: {sdk_type} has no field '{k}' (it has {sorted(fields)})"
+            check_kserve(v, fields[k], f"{path}.{k}", types, k8s)
+    else:
+        k8s(value, sdk_type, path)
+
+
+@pytest.mark.parametrize("kind,sdk_type", [("ClusterServingRuntime", "V1alpha1ClusterServingRuntime"),
+                                           ("InferenceService", "V1beta1InferenceService")])
+def test_kserve_objects_fit_kserves_api_types(kind, sdk_type):
+    types, k8s = kserve_types(), k8s_validator()
+    for doc in by_kind(kind):
+        check_kserve(doc, sdk_type, kind, types, k8s)
+
+
+def test_a_kserve_violation_is_caught():
+    types, k8s = kserve_types(), k8s_validator()
+    (runtime,) = by_kind("ClusterServingRuntime")
+    bad = json.loads(json.dumps(runtime))
+    bad["spec"]["protocolVersion"] = ["v2"]
+    with pytest.raises(AssertionError, match="has no field 'protocolVersion'"):
+        check_kserve(bad, "V1alpha1ClusterServingRuntime", "runtime", types, k8s)
+    bad = json.loads(json.dumps(runtime))
+    bad["spec"]["containers"][0]["ports"][0]["containerPort"] = "8080"
+    with pytest.raises(AssertionError, match="containers"):
+        check_kserve(bad, "V1alpha1ClusterServingRuntime", "runtime", types, k8s)
+
+
+def test_the_runtime_serves_what_kserve_expects():
+    (runtime,) = by_kind("ClusterServingRuntime")
+    spec = runtime["spec"]
+    assert set(spec["protocolVersions"]) == {"v2", "grpc-v2"}
+    assert {f["name"] for f in spec["supportedModelFormats"]} >= {"onnx", "wasm"}
+    (c,) = spec["containers"]
+    args = args_of(c)
+    assert args["--model-repository"] == "/mnt/models", "where KServe's storage initializer puts them"
+    assert args["--http-port"] == "8080" and c["ports"][0]["containerPort"] == 8080
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    (isvc,) = by_kind("InferenceService")
+    assert isvc["spec"]["predictor"]["model"]["runtime"] == runtime["metadata"]["name"]
+    formats = {f["name"] for f in spec["supportedModelFormats"]}
+    assert isvc["spec"]["predictor"]["model"]["modelFormat"]["name"] in formats
+
+
+def test_every_wisp_flag_in_deploy_exists():
+    """Each `--flag` the artefacts pass is one `wisp serve --help` lists."""
+    help_text = subprocess.run([*wisp_command(), "serve", "--help"], capture_output=True,
+                               text=True, timeout=120, check=True).stdout
+    known = set(re.findall(r"--[a-z][a-z0-9-]*", help_text))
+    assert "--model-repository" in known
+    for kind in ("Deployment", "ClusterServingRuntime"):
+        for doc in by_kind(kind):
+            spec = doc["spec"]["template"]["spec"] if kind == "Deployment" else doc["spec"]
+            for c in spec["containers"]:
+                for flag in args_of(c):
+                    assert flag in known, f"{kind}: wisp serve has no {flag}"
