@@ -213,6 +213,8 @@ def run(seconds, threads, engine="tract"):
     return {
         "seconds": seconds, "threads": threads, "requests": len(done),
         "failed": sum(1 for _, ok, _ in done if not ok), "errors": load.errors[:5],
+        "failed_grpc": sum(1 for e in load.errors if e.startswith("grpc:")),
+        "failed_http": sum(1 for e in load.errors if e.startswith("http:")),
         "versions": sorted({str(v) for _, ok, v in done if ok}),
         "per_second": per_sec, "baseline": baseline,
         "lowest_during_events": min(during) if during else None, "events": events,
@@ -223,7 +225,8 @@ def report(result):
     """A few lines of markdown for a result of `run`."""
     lines = [
         f"- {result['requests']} requests in {result['seconds']} s from {result['threads']} clients "
-        f"(one over gRPC): **{result['failed']} failed**",
+        f"(one over gRPC): **{result['failed']} failed** ({result['failed_http']} HTTP, "
+        f"{result['failed_grpc']} gRPC)",
         f"- throughput: baseline {result['baseline']} req/s (median second before the first "
         f"event), lowest second during the events {result['lowest_during_events']} req/s",
         f"- versions answered: {', '.join(result['versions'])}",

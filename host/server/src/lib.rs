@@ -18,6 +18,8 @@ pub mod logging;
 pub mod metrics;
 pub mod models;
 pub mod plugin_cli;
+#[cfg(feature = "object-store")]
+pub mod remote;
 pub mod restricted;
 pub mod service;
 pub mod settings;
@@ -135,6 +137,62 @@ impl Resolved {
     }
 }
 
+/// Object-store repositories, mirrored locally before anything loads (empty without the
+/// `object-store` feature).
+#[cfg(feature = "object-store")]
+type Remotes = Vec<Arc<remote::RemoteRepo>>;
+#[cfg(not(feature = "object-store"))]
+type Remotes = Vec<()>;
+
+/// The repository roots the registry serves: local directories as given, and for each
+/// object-store URL its local mirror, synced once here. A URL that cannot be listed (wrong
+/// credentials, no such bucket) fails start-up with the bucket named.
+async fn mirror_remote_repositories(
+    settings: &Settings,
+) -> anyhow::Result<(Vec<std::path::PathBuf>, Remotes)> {
+    let mut roots = Vec::new();
+    #[cfg_attr(
+        not(feature = "object-store"),
+        expect(unused_mut, reason = "only object-store repositories are added")
+    )]
+    let mut remotes: Remotes = Vec::new();
+    for repo in &settings.model_repositories {
+        #[cfg(feature = "object-store")]
+        if remote::is_remote(repo) {
+            let r = remote::RemoteRepo::new(&repo.to_string_lossy(), &settings.repository_cache())
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            r.sync().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            roots.push(r.local().to_path_buf());
+            remotes.push(Arc::new(r));
+            continue;
+        }
+        #[cfg(not(feature = "object-store"))]
+        if ["s3://", "gs://", "as://", "az://"]
+            .iter()
+            .any(|s| repo.to_string_lossy().starts_with(s))
+        {
+            anyhow::bail!(
+                "model repository '{}': this build has no object-store support (the edge build leaves it out)",
+                repo.display()
+            );
+        }
+        roots.push(repo.clone());
+    }
+    Ok((roots, remotes))
+}
+
+/// Poll mode: brings every object-store mirror up to date before the registry polls.
+async fn sync_remotes(remotes: &Remotes) {
+    #[cfg(feature = "object-store")]
+    for r in remotes {
+        if let Err(e) = r.sync().await {
+            tracing::error!(error = %e, "object-store repository sync failed; serving what was mirrored");
+        }
+    }
+    #[cfg(not(feature = "object-store"))]
+    let _ = remotes;
+}
+
 /// What every way of running Wisp shares: the models, the service over them, and the tasks
 /// that keep the repository current. [`Server`] puts front ends on it; [`embed::Embedded`]
 /// calls it in-process.
@@ -203,8 +261,9 @@ impl Core {
             host_policies: std::mem::take(&mut resolved.host_policies),
             verification,
         };
+        let (roots, remotes) = mirror_remote_repositories(settings).await?;
         let registry = Arc::new(Registry::new(
-            settings.model_repositories.clone(),
+            roots,
             Arc::new(models::backends::Backends {
                 onnx: backend,
                 wasm,
@@ -277,6 +336,7 @@ impl Core {
                 tick.tick().await;
                 loop {
                     tick.tick().await;
+                    sync_remotes(&remotes).await;
                     let r = r.clone();
                     let _ = tokio::task::spawn_blocking(move || r.poll()).await;
                 }

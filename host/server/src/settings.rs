@@ -347,6 +347,11 @@ pub struct Settings {
     #[arg(long)]
     pub no_wasm_cache: bool,
 
+    /// Where object-store repositories (`--model-repository s3://…`) are mirrored (default:
+    /// $XDG_CACHE_HOME/wisp/repos or ~/.cache/wisp/repos, else the temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub repository_cache_dir: Option<PathBuf>,
+
     /// Use wasmtime's pooling instance allocator for plugins (falls back to on-demand
     /// allocation when the address space cannot be reserved).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
@@ -403,6 +408,25 @@ impl Settings {
                     .map(|h| PathBuf::from(h).join(".cache"))
             })?;
         Some(base.join("wisp").join("wasm"))
+    }
+
+    /// The directory object-store repositories are mirrored into.
+    pub fn repository_cache(&self) -> PathBuf {
+        if let Some(d) = &self.repository_cache_dir {
+            return d.clone();
+        }
+        self.env
+            .var("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                self.env
+                    .var("HOME")
+                    .map(|h| PathBuf::from(h).join(".cache"))
+            })
+            .unwrap_or_else(std::env::temp_dir)
+            .join("wisp")
+            .join("repos")
     }
 
     /// Settings for a repository with every other value at its default (used by tests and
