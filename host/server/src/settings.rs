@@ -397,17 +397,7 @@ impl Settings {
         if let Some(d) = &self.wasm_cache_dir {
             return Some(d.clone());
         }
-        let base = self
-            .env
-            .var("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                self.env
-                    .var("HOME")
-                    .map(|h| PathBuf::from(h).join(".cache"))
-            })?;
-        Some(base.join("wisp").join("wasm"))
+        Some(self.user_cache()?.join("wisp").join("wasm"))
     }
 
     /// The directory object-store repositories are mirrored into.
@@ -415,6 +405,14 @@ impl Settings {
         if let Some(d) = &self.repository_cache_dir {
             return d.clone();
         }
+        self.user_cache()
+            .unwrap_or_else(std::env::temp_dir)
+            .join("wisp")
+            .join("repos")
+    }
+
+    /// `$XDG_CACHE_HOME`, else `~/.cache`.
+    fn user_cache(&self) -> Option<PathBuf> {
         self.env
             .var("XDG_CACHE_HOME")
             .filter(|v| !v.is_empty())
@@ -424,9 +422,6 @@ impl Settings {
                     .var("HOME")
                     .map(|h| PathBuf::from(h).join(".cache"))
             })
-            .unwrap_or_else(std::env::temp_dir)
-            .join("wisp")
-            .join("repos")
     }
 
     /// Settings for a repository with every other value at its default (used by tests and
@@ -492,5 +487,31 @@ mod tests {
         assert!(s.strict_readiness);
         assert_eq!(s.onnx_engine, OnnxEngine::Auto);
         assert!(Cli::try_parse_from(["wisp", "serve"]).is_err());
+    }
+
+    #[test]
+    fn caches_follow_xdg_then_home_then_the_flags() {
+        let mut s = Settings::for_repository("/m");
+        let env = |pairs: &[(&str, &str)]| -> Arc<dyn EnvSource> {
+            Arc::new(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<std::collections::HashMap<_, _>>(),
+            )
+        };
+        s.env = env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]);
+        assert_eq!(s.wasm_cache(), Some(PathBuf::from("/x/wisp/wasm")));
+        assert_eq!(s.repository_cache(), PathBuf::from("/x/wisp/repos"));
+        s.env = env(&[("HOME", "/h")]);
+        assert_eq!(s.repository_cache(), PathBuf::from("/h/.cache/wisp/repos"));
+        s.env = env(&[]);
+        assert_eq!(s.wasm_cache(), None, "no cache without a home");
+        assert_eq!(
+            s.repository_cache(),
+            std::env::temp_dir().join("wisp/repos")
+        );
+        s.repository_cache_dir = Some(PathBuf::from("/r"));
+        assert_eq!(s.repository_cache(), PathBuf::from("/r"));
     }
 }
