@@ -141,3 +141,13 @@ def test_load_unload_in_explicit_mode_and_shutdown(wisp, tmp_path):
         s.models()
     with pytest.raises(wisp.InvalidArgumentError, match="model_control_mode"):
         wisp.Server(str(tmp_path), model_control_mode="sometimes")
+
+
+def test_request_parameters_reach_the_server(both, wisp):
+    inproc, _ = both
+    x = {"INPUT0": np.ones((1, 16), np.float32), "INPUT1": np.ones((1, 16), np.float32)}
+    assert "OUTPUT0" in inproc.infer("add_sub", x, parameters={"priority": 1, "timeout": 0})
+    with pytest.raises(wisp.InvalidArgumentError, match="'priority' must be a non-negative integer"):
+        inproc.infer("add_sub", x, parameters={"priority": "high"})
+    with pytest.raises(wisp.InvalidArgumentError, match="parameter 'x': must be a bool, an int or a str"):
+        inproc.infer("add_sub", x, parameters={"x": 1.5})
