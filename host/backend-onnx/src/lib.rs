@@ -184,7 +184,7 @@ impl Spec {
                     "model '{}': output '{}' is {} in the config but {} in the ONNX model",
                     cfg.name,
                     o.name,
-                    dt.map_or("TYPE_INVALID", |d| d.config_name()),
+                    wisp_core::config::type_name(dt),
                     file.datatype
                         .map_or("an unsupported type", |d| d.config_name())
                 )));

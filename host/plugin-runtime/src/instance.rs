@@ -8,7 +8,7 @@ use wasmtime::{Store, Trap};
 use wasmtime_wasi::{FsPerms, HostMonotonicClock, HostWallClock, WasiCtxBuilder};
 use wisp_core::backend::{ExecTiming, Instance};
 use wisp_core::config::ModelConfig;
-use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
+use wisp_core::{Error, InferRequest, InferResponse, Result};
 
 use crate::engine::deadline_ticks;
 use crate::host::{self, wit, State};
@@ -407,7 +407,7 @@ impl WasmInstance {
                     "returned output '{}' as {}, the config declares {}",
                     t.name,
                     t.datatype,
-                    c.data_type.map_or("TYPE_INVALID", DataType::config_name)
+                    wisp_core::config::type_name(c.data_type)
                 )));
             }
             let dims: &[i64] = &t.shape;

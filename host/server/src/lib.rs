@@ -158,7 +158,7 @@ async fn mirror_remote_repositories(
     let mut remotes: Remotes = Vec::new();
     for repo in &settings.model_repositories {
         #[cfg(feature = "object-store")]
-        if remote::is_remote(repo) {
+        if Settings::is_remote_repository(repo) {
             let r = remote::RemoteRepo::new(&repo.to_string_lossy(), &settings.repository_cache())
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             r.sync().await.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -167,10 +167,7 @@ async fn mirror_remote_repositories(
             continue;
         }
         #[cfg(not(feature = "object-store"))]
-        if ["s3://", "gs://", "as://", "az://"]
-            .iter()
-            .any(|s| repo.to_string_lossy().starts_with(s))
-        {
+        if Settings::is_remote_repository(repo) {
             anyhow::bail!(
                 "model repository '{}': this build has no object-store support (the edge build leaves it out)",
                 repo.display()

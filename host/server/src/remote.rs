@@ -43,14 +43,6 @@ pub struct RemoteRepo {
     synced: Mutex<BTreeMap<String, Vec<Listed>>>,
 }
 
-/// Whether `repo` names an object-store repository rather than a directory.
-pub fn is_remote(repo: &Path) -> bool {
-    let s = repo.to_string_lossy();
-    ["s3://", "gs://", "as://", "az://"]
-        .iter()
-        .any(|scheme| s.starts_with(scheme))
-}
-
 impl RemoteRepo {
     /// The repository at `url`, mirrored under `cache_root`. Credentials, region and endpoint
     /// come from the usual `AWS_*` environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
@@ -72,7 +64,10 @@ impl RemoteRepo {
             .with_bucket_name(bucket)
             .build()
             .map_err(|e| Error::invalid(format!("model repository '{url}': {e}")))?;
-        let digest = sha2_hex(url.as_bytes());
+        let digest = {
+            use sha2::Digest;
+            crate::signing::hex(&sha2::Sha256::digest(url.as_bytes()))
+        };
         let local = cache_root.join(format!("{}-{}", sanitize(bucket), &digest[..16]));
         std::fs::create_dir_all(&local).map_err(|e| {
             Error::internal(format!(
@@ -264,25 +259,9 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-fn sha2_hex(data: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_object_store_urls_are_remote() {
-        assert!(is_remote(Path::new("s3://bucket/models")));
-        assert!(is_remote(Path::new("gs://bucket")));
-        assert!(!is_remote(Path::new("/srv/models")));
-        assert!(!is_remote(Path::new("s3")));
-    }
 
     #[test]
     fn other_schemes_and_empty_buckets_are_refused_with_the_url() {

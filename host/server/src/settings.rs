@@ -400,6 +400,15 @@ impl Settings {
         Some(self.user_cache()?.join("wisp").join("wasm"))
     }
 
+    /// Whether `repo` (a `--model-repository` value) names an object-store repository rather
+    /// than a directory.
+    pub fn is_remote_repository(repo: &std::path::Path) -> bool {
+        let s = repo.to_string_lossy();
+        ["s3://", "gs://", "as://", "az://"]
+            .iter()
+            .any(|scheme| s.starts_with(scheme))
+    }
+
     /// The directory object-store repositories are mirrored into.
     pub fn repository_cache(&self) -> PathBuf {
         if let Some(d) = &self.repository_cache_dir {
@@ -487,6 +496,15 @@ mod tests {
         assert!(s.strict_readiness);
         assert_eq!(s.onnx_engine, OnnxEngine::Auto);
         assert!(Cli::try_parse_from(["wisp", "serve"]).is_err());
+    }
+
+    #[test]
+    fn only_object_store_urls_are_remote() {
+        let remote = |s: &str| Settings::is_remote_repository(std::path::Path::new(s));
+        assert!(remote("s3://bucket/models"));
+        assert!(remote("gs://bucket"));
+        assert!(!remote("/srv/models"));
+        assert!(!remote("s3"));
     }
 
     #[test]

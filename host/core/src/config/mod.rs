@@ -243,6 +243,12 @@ impl TensorFormat {
     }
 }
 
+/// The config name of an element type (`TYPE_FP32`), `TYPE_INVALID` when unset: how configs and
+/// error messages spell it.
+pub fn type_name(t: Option<DataType>) -> &'static str {
+    t.map_or("TYPE_INVALID", DataType::config_name)
+}
+
 /// (De)serializes an element type by its config name (`TYPE_FP32`, `TYPE_STRING` for BYTES).
 /// `TYPE_INVALID`, the schema's zero value, is `None`; the schema admits no other name.
 mod config_type {
@@ -251,7 +257,7 @@ mod config_type {
     use crate::datatype::DataType;
 
     pub fn serialize<S: Serializer>(v: &Option<DataType>, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(v.map_or("TYPE_INVALID", DataType::config_name))
+        s.serialize_str(super::type_name(*v))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DataType>, D::Error> {

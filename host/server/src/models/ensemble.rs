@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::{mpsc, Arc};
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
-use wisp_core::config::{ModelConfig, ModelIo};
+use wisp_core::config::{type_name, ModelConfig, ModelIo};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
 use wisp_scheduler::ensemble::{Plan, Progress, Run, Step};
 
@@ -40,11 +40,6 @@ struct Spec {
     dims: Vec<i64>,
     batching: bool,
     from: String,
-}
-
-/// A config's name for an element type (`TYPE_FP32`), as error messages quote it.
-fn type_name(t: Option<DataType>) -> &'static str {
-    t.map_or("TYPE_INVALID", DataType::config_name)
 }
 
 impl Spec {
