@@ -137,12 +137,38 @@ impl Resolved {
     }
 }
 
-/// Object-store repositories, mirrored locally before anything loads (empty without the
+/// Object-store repositories, mirrored locally before anything loads (none without the
 /// `object-store` feature).
-#[cfg(feature = "object-store")]
-type Remotes = Vec<Arc<remote::RemoteRepo>>;
-#[cfg(not(feature = "object-store"))]
-type Remotes = Vec<()>;
+#[derive(Clone, Default)]
+pub(crate) struct Remotes {
+    #[cfg(feature = "object-store")]
+    repos: Vec<Arc<remote::RemoteRepo>>,
+}
+
+impl Remotes {
+    /// Poll mode: brings every mirror up to date before the registry polls.
+    async fn sync(&self) {
+        #[cfg(feature = "object-store")]
+        for r in &self.repos {
+            if let Err(e) = r.sync().await {
+                tracing::error!(error = %e, "object-store repository sync failed; serving what was mirrored");
+            }
+        }
+    }
+
+    /// Explicit mode: brings `model`'s mirrored copy up to date before it loads, as Triton
+    /// fetches a cloud model on load. A failure is logged and the mirrored copy loads.
+    pub(crate) async fn sync_model(&self, model: &str) {
+        #[cfg(feature = "object-store")]
+        for r in &self.repos {
+            if let Err(e) = r.sync_model(model).await {
+                tracing::error!(model, error = %e, "object-store repository sync failed; loading what was mirrored");
+            }
+        }
+        #[cfg(not(feature = "object-store"))]
+        let _ = model;
+    }
+}
 
 /// The repository roots the registry serves: local directories as given, and for each
 /// object-store URL its local mirror, synced once here. A URL that cannot be listed (wrong
@@ -155,7 +181,7 @@ async fn mirror_remote_repositories(
         not(feature = "object-store"),
         expect(unused_mut, reason = "only object-store repositories are added")
     )]
-    let mut remotes: Remotes = Vec::new();
+    let mut remotes = Remotes::default();
     for repo in &settings.model_repositories {
         #[cfg(feature = "object-store")]
         if Settings::is_remote_repository(repo) {
@@ -163,7 +189,7 @@ async fn mirror_remote_repositories(
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             r.sync().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             roots.push(r.local().to_path_buf());
-            remotes.push(Arc::new(r));
+            remotes.repos.push(Arc::new(r));
             continue;
         }
         #[cfg(not(feature = "object-store"))]
@@ -176,18 +202,6 @@ async fn mirror_remote_repositories(
         roots.push(repo.clone());
     }
     Ok((roots, remotes))
-}
-
-/// Poll mode: brings every object-store mirror up to date before the registry polls.
-async fn sync_remotes(remotes: &Remotes) {
-    #[cfg(feature = "object-store")]
-    for r in remotes {
-        if let Err(e) = r.sync().await {
-            tracing::error!(error = %e, "object-store repository sync failed; serving what was mirrored");
-        }
-    }
-    #[cfg(not(feature = "object-store"))]
-    let _ = remotes;
 }
 
 /// What every way of running Wisp shares: the models, the service over them, and the tasks
@@ -299,6 +313,7 @@ impl Core {
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
             shm: Default::default(),
+            remotes: remotes.clone(),
             trace: service::trace::TraceControl::new(
                 trace.settings.clone(),
                 match trace.settings.otel() {
@@ -333,7 +348,7 @@ impl Core {
                 tick.tick().await;
                 loop {
                     tick.tick().await;
-                    sync_remotes(&remotes).await;
+                    remotes.sync().await;
                     let r = r.clone();
                     let _ = tokio::task::spawn_blocking(move || r.poll()).await;
                 }

@@ -15,7 +15,10 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::path::Path as ObjectPath;
+use object_store::ClientOptions;
 use object_store::{ObjectStore, ObjectStoreExt};
 use wisp_core::{Error, Result};
 
@@ -35,40 +38,30 @@ struct Listed {
 /// A repository on object storage and its local mirror.
 pub struct RemoteRepo {
     url: String,
-    bucket: String,
+    bucket: Bucket,
     store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
     local: PathBuf,
     /// Per model, the listing its mirrored copy was downloaded from.
     synced: Mutex<BTreeMap<String, Vec<Listed>>>,
+    /// One sync at a time (the poller's and explicit loads').
+    gate: tokio::sync::Mutex<()>,
 }
 
 impl RemoteRepo {
-    /// The repository at `url`, mirrored under `cache_root`. Credentials, region and endpoint
-    /// come from the usual `AWS_*` environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
-    /// `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_ENDPOINT_URL`, web identity and container
-    /// credentials).
+    /// The repository at `url`, mirrored under `cache_root`. See [`open`] for the URL forms and
+    /// where credentials come from.
     pub fn new(url: &str, cache_root: &Path) -> Result<RemoteRepo> {
-        let rest = url.strip_prefix("s3://").ok_or_else(|| {
-            Error::unsupported(format!(
-                "model repository '{url}': only s3:// object stores are supported in this build (gs:// and az:// are not yet)"
-            ))
-        })?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(Error::invalid(format!(
-                "model repository '{url}': no bucket named"
-            )));
-        }
-        let store = AmazonS3Builder::from_env()
-            .with_bucket_name(bucket)
-            .build()
-            .map_err(|e| Error::invalid(format!("model repository '{url}': {e}")))?;
+        let Opened {
+            store,
+            bucket,
+            prefix,
+        } = open(url, &|k| std::env::var(k))?;
         let digest = {
             use sha2::Digest;
             crate::signing::hex(&sha2::Sha256::digest(url.as_bytes()))
         };
-        let local = cache_root.join(format!("{}-{}", sanitize(bucket), &digest[..16]));
+        let local = cache_root.join(format!("{}-{}", sanitize(&bucket.name), &digest[..16]));
         std::fs::create_dir_all(&local).map_err(|e| {
             Error::internal(format!(
                 "model repository '{url}': cannot create its mirror {}: {e}",
@@ -77,11 +70,12 @@ impl RemoteRepo {
         })?;
         Ok(RemoteRepo {
             url: url.to_string(),
-            bucket: bucket.to_string(),
-            store: Arc::new(store),
+            bucket,
+            store,
             prefix: ObjectPath::from(prefix.trim_matches('/')),
             local,
             synced: Mutex::new(BTreeMap::new()),
+            gate: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -94,7 +88,30 @@ impl RemoteRepo {
     /// credentials, no such bucket) fails the whole sync; a model that fails to download is
     /// logged and left as it was.
     pub async fn sync(&self) -> Result<Vec<String>> {
-        let listing = self.list().await?;
+        let _one_at_a_time = self.gate.lock().await;
+        let listing = self.list(None).await?;
+        self.reconcile(listing, None).await
+    }
+
+    /// Brings one model's mirrored copy up to date (an explicit-mode load); returns whether it
+    /// changed. A name that cannot be a model directory syncs nothing, and the load that follows
+    /// reports it.
+    pub async fn sync_model(&self, model: &str) -> Result<bool> {
+        if model.is_empty() || model.starts_with('.') || model.contains(['/', '\\']) {
+            return Ok(false);
+        }
+        let _one_at_a_time = self.gate.lock().await;
+        let listing = self.list(Some(model)).await?;
+        Ok(!self.reconcile(listing, Some(model)).await?.is_empty())
+    }
+
+    /// Downloads what `listing` shows changed and removes what it shows gone, among all models
+    /// or `only` one.
+    async fn reconcile(
+        &self,
+        listing: BTreeMap<String, Vec<Listed>>,
+        only: Option<&str>,
+    ) -> Result<Vec<String>> {
         let mut changed = Vec::new();
         let previous = self.synced.lock().expect("synced").clone();
         for (model, objects) in &listing {
@@ -116,13 +133,16 @@ impl RemoteRepo {
                 ),
             }
         }
-        for model in previous.keys().filter(|m| !listing.contains_key(*m)) {
+        let gone = previous
+            .keys()
+            .filter(|m| only.is_none_or(|o| o == m.as_str()) && !listing.contains_key(*m));
+        for model in gone {
             let _ = std::fs::remove_dir_all(self.local.join(model));
             self.synced.lock().expect("synced").remove(model);
             changed.push(model.clone());
         }
         // A first sync also clears models mirrored by an earlier run but gone since.
-        if previous.is_empty() {
+        if previous.is_empty() && only.is_none() {
             for entry in std::fs::read_dir(&self.local)
                 .into_iter()
                 .flatten()
@@ -140,16 +160,19 @@ impl RemoteRepo {
         Ok(changed)
     }
 
-    /// Every object under the prefix, by model.
-    async fn list(&self) -> Result<BTreeMap<String, Vec<Listed>>> {
-        let prefix = (!self.prefix.as_ref().is_empty()).then_some(&self.prefix);
-        let mut stream = self.store.list(prefix);
+    /// Every object under the prefix (or `only` that model's directory under it), by model.
+    async fn list(&self, only: Option<&str>) -> Result<BTreeMap<String, Vec<Listed>>> {
+        let under = match only {
+            Some(model) => Some(self.prefix.clone().join(model)),
+            None => (!self.prefix.as_ref().is_empty()).then(|| self.prefix.clone()),
+        };
+        let mut stream = self.store.list(under.as_ref());
         let mut out: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
         let mut count = 0usize;
         while let Some(meta) = stream.try_next().await.map_err(|e| {
             Error::unavailable(format!(
-                "cannot list model repository '{}' (bucket '{}'): {e}",
-                self.url, self.bucket
+                "cannot list model repository '{}' ({} '{}'): {e}",
+                self.url, self.bucket.kind, self.bucket.name
             ))
         })? {
             count += 1;
@@ -205,21 +228,6 @@ impl RemoteRepo {
                 .rel
                 .iter()
                 .fold(self.prefix.clone(), |p, s| p.clone().join(s.as_str()));
-            let bytes = self
-                .store
-                .get(&key)
-                .await
-                .map_err(|e| Error::unavailable(format!("cannot download '{key}': {e}")))?
-                .bytes()
-                .await
-                .map_err(|e| Error::unavailable(format!("cannot download '{key}': {e}")))?;
-            if bytes.len() as u64 != o.size {
-                return Err(Error::unavailable(format!(
-                    "'{key}' changed while it downloaded ({} bytes, listed {})",
-                    bytes.len(),
-                    o.size
-                )));
-            }
             let target = o
                 .rel
                 .iter()
@@ -227,7 +235,7 @@ impl RemoteRepo {
             if let Some(dir) = target.parent() {
                 std::fs::create_dir_all(dir).map_err(io_err)?;
             }
-            std::fs::write(&target, &bytes).map_err(io_err)?;
+            self.download_one(&key, o.size, &target).await?;
         }
         let dest = self.local.join(model);
         let old = self.local.join(format!(".old-{model}"));
@@ -241,6 +249,241 @@ impl RemoteRepo {
         let _ = std::fs::remove_dir_all(&old);
         Ok(())
     }
+
+    /// Streams one object to `target`, chunk by chunk (memory stays one chunk whatever the
+    /// object's size), refusing one whose length differs from what was listed.
+    async fn download_one(&self, key: &ObjectPath, listed: u64, target: &Path) -> Result<()> {
+        use std::io::Write;
+        let failed =
+            |e: object_store::Error| Error::unavailable(format!("cannot download '{key}': {e}"));
+        let mut stream = self.store.get(key).await.map_err(failed)?.into_stream();
+        let mut file = std::io::BufWriter::new(std::fs::File::create(target).map_err(io_err)?);
+        let mut written = 0u64;
+        while let Some(chunk) = stream.try_next().await.map_err(failed)? {
+            written = written.saturating_add(chunk.len() as u64);
+            if written > listed {
+                break;
+            }
+            file.write_all(&chunk).map_err(io_err)?;
+        }
+        if written != listed {
+            return Err(Error::unavailable(format!(
+                "'{key}' changed while it downloaded ({written} bytes or more, listed {listed})"
+            )));
+        }
+        file.into_inner()
+            .map_err(|e| io_err(e.into_error()))?
+            .sync_all()
+            .map_err(io_err)
+    }
+}
+
+/// A bucket (S3, GCS) or container (Azure), named in errors the way its store names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Bucket {
+    kind: &'static str,
+    name: String,
+}
+
+/// What a repository URL opens.
+struct Opened {
+    store: Arc<dyn ObjectStore>,
+    bucket: Bucket,
+    prefix: String,
+}
+
+/// Reads an environment variable (a parameter so tests need not touch the process's).
+type Env<'a> = &'a dyn Fn(&str) -> std::result::Result<String, std::env::VarError>;
+
+/// Opens the store a repository URL names. The forms Triton reads, and where each takes its
+/// credentials from:
+///
+/// - `s3://bucket/prefix`: the `AWS_*` environment (`AWS_ACCESS_KEY_ID`,
+///   `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_ENDPOINT_URL`, web
+///   identity and container credentials), else the profile (`AWS_PROFILE`, else `default`) in
+///   `~/.aws/credentials` and `~/.aws/config` (or `AWS_SHARED_CREDENTIALS_FILE`,
+///   `AWS_CONFIG_FILE`).
+/// - `gs://bucket/prefix`: `GOOGLE_APPLICATION_CREDENTIALS` (or gcloud's application-default
+///   file, else the instance's service account). With `STORAGE_EMULATOR_HOST` set, as Google's
+///   own clients read it, requests go unsigned to that emulator.
+/// - `as://account/container/prefix` (Triton's form) and `az://container/prefix` (the account
+///   from `AZURE_STORAGE_ACCOUNT_NAME` or Triton's `AZURE_STORAGE_ACCOUNT`): the account key
+///   from `AZURE_STORAGE_ACCOUNT_KEY` or Triton's `AZURE_STORAGE_KEY`, else the other
+///   `AZURE_*` credentials (SAS token, service principal, workload identity, managed
+///   identity). `AZURE_STORAGE_USE_EMULATOR=true` talks to Azurite (`AZURITE_BLOB_STORAGE_URL`).
+fn open(url: &str, env: Env) -> Result<Opened> {
+    let built = |e: object_store::Error| Error::invalid(format!("model repository '{url}': {e}"));
+    let var = |k: &str| env(k).ok().filter(|v| !v.is_empty());
+    if let Some(rest) = url.strip_prefix("s3://") {
+        let (bucket, prefix) = split_first(url, rest, "bucket")?;
+        let mut b = AmazonS3Builder::from_env().with_bucket_name(&bucket);
+        let profile = aws_profile(env);
+        let from_env = var("AWS_ACCESS_KEY_ID").is_some()
+            || var("AWS_WEB_IDENTITY_TOKEN_FILE").is_some()
+            || var("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").is_some()
+            || var("AWS_CONTAINER_CREDENTIALS_FULL_URI").is_some();
+        if let (false, Some(id), Some(secret)) = (
+            from_env,
+            profile.get("aws_access_key_id"),
+            profile.get("aws_secret_access_key"),
+        ) {
+            b = b.with_access_key_id(id).with_secret_access_key(secret);
+            if let Some(token) = profile.get("aws_session_token") {
+                b = b.with_token(token);
+            }
+        }
+        let region_in_env = var("AWS_REGION").is_some() || var("AWS_DEFAULT_REGION").is_some();
+        if let (false, Some(region)) = (region_in_env, profile.get("region")) {
+            b = b.with_region(region);
+        }
+        let endpoint_in_env = var("AWS_ENDPOINT_URL").is_some() || var("AWS_ENDPOINT").is_some();
+        if let (false, Some(endpoint)) = (endpoint_in_env, profile.get("endpoint_url")) {
+            b = b.with_endpoint(endpoint);
+        }
+        return Ok(Opened {
+            store: Arc::new(b.build().map_err(built)?),
+            bucket: Bucket {
+                kind: "bucket",
+                name: bucket,
+            },
+            prefix,
+        });
+    }
+    if let Some(rest) = url.strip_prefix("gs://") {
+        let (bucket, prefix) = split_first(url, rest, "bucket")?;
+        let mut b = GoogleCloudStorageBuilder::from_env().with_bucket_name(&bucket);
+        if let Some(host) = var("STORAGE_EMULATOR_HOST") {
+            let base = match host.contains("://") {
+                true => host.trim_end_matches('/').to_string(),
+                false => format!("http://{}", host.trim_end_matches('/')),
+            };
+            b = b
+                .with_base_url(&base)
+                .with_skip_signature(true)
+                .with_client_options(ClientOptions::new().with_allow_http(true));
+        }
+        return Ok(Opened {
+            store: Arc::new(b.build().map_err(built)?),
+            bucket: Bucket {
+                kind: "bucket",
+                name: bucket,
+            },
+            prefix,
+        });
+    }
+    let (account, rest) = if let Some(rest) = url.strip_prefix("as://") {
+        let (account, rest) = split_first(url, rest, "storage account")?;
+        (Some(account), rest)
+    } else if let Some(rest) = url.strip_prefix("az://") {
+        (
+            var("AZURE_STORAGE_ACCOUNT_NAME").or_else(|| var("AZURE_STORAGE_ACCOUNT")),
+            rest.to_string(),
+        )
+    } else {
+        return Err(Error::unsupported(format!(
+            "model repository '{url}': an object-store repository is s3://, gs://, as:// or az://"
+        )));
+    };
+    let (container, prefix) = split_first(url, &rest, "container")?;
+    let mut b = MicrosoftAzureBuilder::from_env().with_container_name(&container);
+    if let Some(account) = account {
+        b = b.with_account(account);
+    }
+    let key_in_env =
+        var("AZURE_STORAGE_ACCOUNT_KEY").is_some() || var("AZURE_STORAGE_ACCESS_KEY").is_some();
+    if let (false, Some(key)) = (key_in_env, var("AZURE_STORAGE_KEY")) {
+        b = b.with_access_key(key);
+    }
+    Ok(Opened {
+        store: Arc::new(b.build().map_err(built)?),
+        bucket: Bucket {
+            kind: "container",
+            name: container,
+        },
+        prefix,
+    })
+}
+
+/// `first/the/rest` as (`first`, `the/rest`), refusing an empty `first`.
+fn split_first(url: &str, rest: &str, what: &str) -> Result<(String, String)> {
+    let (first, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if first.is_empty() {
+        return Err(Error::invalid(format!(
+            "model repository '{url}': no {what} named"
+        )));
+    }
+    Ok((first.to_string(), prefix.to_string()))
+}
+
+/// The AWS profile's settings (`AWS_PROFILE`, else `default`): the shared credentials file's
+/// section, then the config file's (`[profile name]`, or `[default]`) for what that leaves
+/// out, as the AWS SDKs read them. Missing or unreadable files give nothing.
+fn aws_profile(env: Env) -> BTreeMap<String, String> {
+    let name = env("AWS_PROFILE")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "default".to_string());
+    let home = env("HOME").ok().filter(|h| !h.is_empty());
+    let file = |var: &str, default: &str| {
+        env(var)
+            .ok()
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                home.as_ref()
+                    .map(|h| Path::new(h).join(".aws").join(default))
+            })
+            .and_then(|p| read_small(&p))
+    };
+    let mut out = file("AWS_SHARED_CREDENTIALS_FILE", "credentials")
+        .map(|text| ini_section(&text, &name))
+        .unwrap_or_default();
+    let config_section = match name.as_str() {
+        "default" => "default".to_string(),
+        other => format!("profile {other}"),
+    };
+    if let Some(text) = file("AWS_CONFIG_FILE", "config") {
+        for (k, v) in ini_section(&text, &config_section) {
+            out.entry(k).or_insert(v);
+        }
+    }
+    out
+}
+
+/// A credentials or config file, if it is readable and no larger than 1 MiB.
+fn read_small(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(1 << 20)
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
+}
+
+/// The `key = value` pairs of one `[section]` of an INI file (keys lower-cased; comments,
+/// blank lines and indented continuation lines skipped).
+fn ini_section(text: &str, section: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with([' ', '\t']) {
+            continue;
+        }
+        let line = line.trim();
+        if line.is_empty() || line.starts_with(['#', ';']) {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            inside = name.split_whitespace().collect::<Vec<_>>().join(" ") == section;
+            continue;
+        }
+        if let (true, Some((k, v))) = (inside, line.split_once('=')) {
+            out.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    out
 }
 
 fn io_err(e: std::io::Error) -> Error {
@@ -262,13 +505,117 @@ fn sanitize(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(
+        vars: &[(&str, String)],
+    ) -> impl Fn(&str) -> std::result::Result<String, std::env::VarError> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        move |k| vars.get(k).cloned().ok_or(std::env::VarError::NotPresent)
+    }
+
+    fn bucket_of(url: &str) -> Result<(Bucket, String)> {
+        let env = env_of(&[("AZURE_STORAGE_ACCOUNT", "acct".into())]);
+        open(url, &env).map(|o| (o.bucket, o.prefix))
+    }
 
     #[test]
-    fn other_schemes_and_empty_buckets_are_refused_with_the_url() {
+    fn each_scheme_names_its_bucket_or_container_and_prefix() {
+        let b = |kind, name: &str| Bucket {
+            kind,
+            name: name.to_string(),
+        };
+        assert_eq!(
+            bucket_of("s3://models/repo/v1").unwrap(),
+            (b("bucket", "models"), "repo/v1".into())
+        );
+        assert_eq!(
+            bucket_of("gs://models").unwrap(),
+            (b("bucket", "models"), "".into())
+        );
+        assert_eq!(
+            bucket_of("as://acct/models/repo").unwrap(),
+            (b("container", "models"), "repo".into())
+        );
+        assert_eq!(
+            bucket_of("az://models/repo").unwrap(),
+            (b("container", "models"), "repo".into())
+        );
+    }
+
+    #[test]
+    fn other_schemes_and_empty_names_are_refused_with_the_url() {
         let dir = tempfile::tempdir().unwrap();
-        let e = RemoteRepo::new("gs://b/m", dir.path()).err().unwrap();
-        assert!(e.message().contains("'gs://b/m'"), "{e}");
-        let e = RemoteRepo::new("s3:///m", dir.path()).err().unwrap();
-        assert!(e.message().contains("no bucket"), "{e}");
+        let e = RemoteRepo::new("ftp://b/m", dir.path()).err().unwrap();
+        assert!(e.message().contains("'ftp://b/m'"), "{e}");
+        for (url, what) in [
+            ("s3:///m", "no bucket"),
+            ("gs://", "no bucket"),
+            ("as:///c/m", "no storage account"),
+            ("as://acct", "no container"),
+            ("az:///m", "no container"),
+        ] {
+            let e = bucket_of(url).err().unwrap();
+            assert!(e.message().contains(what), "{url}: {e}");
+            assert!(e.message().contains(url), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn ini_sections_are_read_as_the_aws_files_write_them() {
+        let text = "# comment\n[default]\naws_access_key_id = AKIA1\nAWS_Secret_Access_Key=s1\n\
+                    [profile  ci]\nregion = eu-west-1\ns3 =\n  addressing_style = path\n\
+                    [ci]\naws_access_key_id = AKIA2\n; note\n";
+        let d = ini_section(text, "default");
+        assert_eq!(
+            d.get("aws_access_key_id").map(String::as_str),
+            Some("AKIA1")
+        );
+        assert_eq!(
+            d.get("aws_secret_access_key").map(String::as_str),
+            Some("s1")
+        );
+        assert_eq!(d.len(), 2);
+        let p = ini_section(text, "profile ci");
+        assert_eq!(p.get("region").map(String::as_str), Some("eu-west-1"));
+        assert!(!p.contains_key("addressing_style"), "{p:?}");
+        assert_eq!(ini_section(text, "ci").len(), 1);
+        assert!(ini_section(text, "absent").is_empty());
+    }
+
+    #[test]
+    fn the_profile_takes_credentials_first_and_config_for_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let aws = dir.path().join(".aws");
+        std::fs::create_dir(&aws).unwrap();
+        std::fs::write(
+            aws.join("credentials"),
+            "[default]\naws_access_key_id=D\naws_secret_access_key=DS\n[ci]\naws_access_key_id=C\naws_secret_access_key=CS\n",
+        )
+        .unwrap();
+        std::fs::write(
+            aws.join("config"),
+            "[default]\nregion=us-west-2\n[profile ci]\nregion=eu-west-1\naws_access_key_id=ignored\n",
+        )
+        .unwrap();
+        let home = ("HOME", dir.path().display().to_string());
+        let d = aws_profile(&env_of(std::slice::from_ref(&home)));
+        assert_eq!(d.get("aws_access_key_id").map(String::as_str), Some("D"));
+        assert_eq!(d.get("region").map(String::as_str), Some("us-west-2"));
+        let c = aws_profile(&env_of(&[home.clone(), ("AWS_PROFILE", "ci".into())]));
+        assert_eq!(c.get("aws_access_key_id").map(String::as_str), Some("C"));
+        assert_eq!(c.get("region").map(String::as_str), Some("eu-west-1"));
+        // Explicit file locations win over the home directory's.
+        let other = dir.path().join("other");
+        std::fs::write(&other, "[default]\naws_access_key_id=O\n").unwrap();
+        let o = aws_profile(&env_of(&[
+            home,
+            ("AWS_SHARED_CREDENTIALS_FILE", other.display().to_string()),
+        ]));
+        assert_eq!(o.get("aws_access_key_id").map(String::as_str), Some("O"));
+        assert!(aws_profile(&env_of(&[])).is_empty());
     }
 }

@@ -128,6 +128,7 @@ impl Service {
         }
         let (registry, model) = (self.registry.clone(), model.to_string());
         if req.files.is_empty() {
+            self.remotes.sync_model(&model).await;
             return tokio::task::spawn_blocking(move || {
                 registry.load(&model, req.config.as_deref())
             })

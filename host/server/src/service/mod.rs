@@ -66,6 +66,8 @@ pub struct Service {
     pub shm: shm::SharedMemory,
     /// Trace settings and finished traces (the trace extension).
     pub trace: trace::TraceControl,
+    /// Object-store repositories, whose mirrors an explicit load brings up to date.
+    pub(crate) remotes: crate::Remotes,
 }
 
 impl Service {
