@@ -67,8 +67,8 @@ def args_of(container):
     return dict(a.split("=", 1) for a in container["args"] if a.startswith("--") and "=" in a)
 
 
-def test_deployment_matches_what_wisp_does():
-    (deployment,) = by_kind("Deployment")
+def check_deployment(deployment, service, monitor):
+    """What the objects must agree on with each other and with what `wisp serve` does."""
     pod = deployment["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     args = args_of(c)
@@ -80,16 +80,33 @@ def test_deployment_matches_what_wisp_does():
     assert c["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}, "wisp serve's default ports"
-    mounts = {m["mountPath"] for m in c["volumeMounts"]}
-    assert args["--model-repository"] in mounts and args["--wasm-cache-dir"] in mounts
-    cache = next(v for v in pod["volumes"] if v["name"] == "plugin-cache")
-    assert "emptyDir" in cache
-    (service,) = by_kind("Service")
+    assert set(ports) == {"http", "grpc", "metrics"}
+    for name, flag, default in (("http", "--http-port", 8000), ("grpc", "--grpc-port", 8001),
+                                ("metrics", "--metrics-port", 8002)):
+        assert ports[name] == int(args.get(flag, default)), f"{name}: the port wisp listens on"
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    repo = args["--model-repository"]
+    if re.match(r"^(s3|gs|as|az)://", repo):
+        cache = args["--repository-cache-dir"]
+        assert any(cache.startswith(m) for m in mounts), "the mirror is on a volume"
+    else:
+        assert repo in mounts, "the repository is mounted"
+    wasm = args["--wasm-cache-dir"]
+    (cache_mount,) = [m for m in mounts if wasm.startswith(m)]
+    assert "emptyDir" in volumes[mounts[cache_mount]], "the plugin cache is an emptyDir"
     assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
-    (monitor,) = by_kind("ServiceMonitor")
-    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
-    assert monitor["spec"]["selector"]["matchLabels"] == service["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= \
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    if monitor is not None:
+        assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+
+
+def test_deployment_matches_what_wisp_does():
+    ((deployment,), (service,), (monitor,)) = (by_kind("Deployment"), by_kind("Service"),
+                                               by_kind("ServiceMonitor"))
+    check_deployment(deployment, service, monitor)
 
 
 def test_the_hpa_metric_is_the_adapters_and_wisps():
@@ -221,9 +238,80 @@ def test_every_wisp_flag_in_deploy_exists():
                                text=True, timeout=120, check=True).stdout
     known = set(re.findall(r"--[a-z][a-z0-9-]*", help_text))
     assert "--model-repository" in known
+    charted = [d for values in CHART_VALUES.values() for d in render_chart(values)]
     for kind in ("Deployment", "ClusterServingRuntime"):
-        for doc in by_kind(kind):
+        for doc in by_kind(kind) + [d for d in charted if d["kind"] == kind]:
             spec = doc["spec"]["template"]["spec"] if kind == "Deployment" else doc["spec"]
             for c in spec["containers"]:
                 for flag in args_of(c):
                     assert flag in known, f"{kind}: wisp serve has no {flag}"
+
+
+# --- Helm ---------------------------------------------------------------------------------
+
+CHART = os.path.join(DEPLOY, "helm", "wisp")
+CHART_VALUES = {
+    "defaults": {},
+    "s3, polled, monitored, fixed size": {
+        "modelRepository": "s3://models/prod", "modelControlMode": "poll", "pollSeconds": 30,
+        "serviceMonitor": {"enabled": True}, "autoscaling": {"enabled": False}, "replicas": 2,
+        "env": [{"name": "AWS_REGION", "value": "eu-west-1"}],
+        "envFrom": [{"secretRef": {"name": "wisp-s3"}}],
+        "service": {"httpPort": 8080, "grpcPort": 9000, "metricsPort": 9090},
+        "shutdown": {"preStopSeconds": 10, "exitTimeoutSeconds": 60},
+        "extraArgs": ["--log-verbose=1"],
+        "nodeSelector": {"kubernetes.io/arch": "arm64"},
+        "tolerations": [{"key": "edge", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+}
+
+
+def render_chart(values, name="wisp"):
+    """The chart rendered by Helm's own engine (the Go SDK, through helm-python-sdk's bundled
+    library: no helm binary needed)."""
+    import helm_python as helm
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render(values, name=name, namespace="serving")
+    return [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
+
+
+def test_the_chart_lints_clean():
+    import helm_python as helm
+    assert helm.lint(CHART)["errors"] == []
+
+
+@pytest.mark.parametrize("case", sorted(CHART_VALUES))
+def test_the_chart_renders_valid_objects_that_agree(case):
+    docs = render_chart(CHART_VALUES[case])
+    kinds = {}
+    for doc in docs:
+        kinds.setdefault(doc["kind"], []).append(doc)
+        if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    (deployment,), (service,) = kinds["Deployment"], kinds["Service"]
+    monitor = kinds.get("ServiceMonitor", [None])[0]
+    check_deployment(deployment, service, monitor)
+    values = CHART_VALUES[case]
+    assert ("HorizontalPodAutoscaler" in kinds) == values.get("autoscaling", {}).get("enabled", True)
+    assert (monitor is not None) == values.get("serviceMonitor", {}).get("enabled", False)
+    if "HorizontalPodAutoscaler" in kinds:
+        (hpa,) = kinds["HorizontalPodAutoscaler"]
+        assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+        assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
+    args = args_of(deployment["spec"]["template"]["spec"]["containers"][0])
+    if values.get("modelControlMode") == "poll":
+        assert args["--repository-poll-secs"] == str(values["pollSeconds"])
+
+
+def test_chart_names_follow_the_release():
+    names = {d["metadata"]["name"] for d in render_chart({}, name="prod")}
+    assert names == {"prod-wisp"}
+    assert {d["metadata"]["name"] for d in render_chart({}, name="wisp-a")} == {"wisp-a"}
+
+
+def test_the_chart_refuses_bad_values():
+    import helm_python as helm
+    for bad in ({"modelControlMode": "sometimes"}, {"shutdown": {"exitTimeoutSeconds": -1}},
+                {"modelRepository": ""}):
+        with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError, match="schema"):
+            chart.render(bad, name="wisp", namespace="serving")
