@@ -1,11 +1,13 @@
-"""Object-store cold start: the demo repository served from a local directory and from an S3
-bucket (moto's S3 server on loopback, an empty mirror: download plus load), side by side.
+"""Object-store cold start: the demo repository served from a local directory and from each
+object store (an empty mirror: list, download, load), side by side in one run: S3 (moto's
+server), GCS (fake-gcs-server) and Azure (Azurite), all on loopback.
 
-    python benches/object_store.py [--wisp BIN] [--repo model_repo] [--runs 3]
+    python benches/object_store.py [--wisp BIN] [--repo model_repo] [--runs 3] [--stores s3,gs,as]
 
 Reports, per run, the time from starting `wisp serve` to `/v2/health/ready` for each, and the
-bytes the bucket held. Loopback S3 measures Wisp's listing, download and mirroring cost, not a
-real network's. Needs `moto[server]` and `boto3` (installed by ./dev test's Python setup).
+bytes the bucket held. Loopback stores measure Wisp's listing, download and mirroring cost (and
+the emulator's), not a real network's. Needs what ./dev test installs (the Python packages and
+Azurite in tests/emulators).
 """
 import argparse
 import json
@@ -17,8 +19,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-
-import boto3
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "conformance"))
@@ -51,46 +51,50 @@ def main():
     ap.add_argument("--wisp", default=os.path.join(ROOT, "target", "release", "wisp"))
     ap.add_argument("--repo", default=os.path.join(ROOT, "model_repo"))
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--stores", default="s3,gs,as")
     args = ap.parse_args()
-    from moto.server import ThreadedMotoServer
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"}
-    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="bench",
-                      aws_secret_access_key="bench", region_name="us-east-1")
-    s3.create_bucket(Bucket="models")
+    from test_object_store import GCS, S3, Azure
+    work = tempfile.mkdtemp(prefix="wisp-bench-store-")
+    stores = []
+    for scheme in args.stores.split(","):
+        stores.append({"s3": S3, "gs": lambda: GCS(work), "as": lambda: Azure(work)}[scheme]())
     total = 0
     for root, _, files in os.walk(args.repo):
         for f in files:
             path = os.path.join(root, f)
-            s3.upload_file(path, "models", "demo/" + os.path.relpath(path, args.repo))
-            total += os.path.getsize(path)
-    work = tempfile.mkdtemp(prefix="wisp-bench-s3-")
+            with open(path, "rb") as fh:
+                data = fh.read()
+            for store in stores:
+                store.put("demo/" + os.path.relpath(path, args.repo), data)
+            total += len(data)
     wasm_cache = os.path.join(work, "wasm")
-    base = {**os.environ, **creds, "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true"}
     common = [args.wisp, "serve", "--wasm-cache-dir", wasm_cache]
-    # Warm the plugin cache once, so both sides measure loading, not compiling.
-    time_to_ready([*common, "--model-repository", args.repo], base)
-    local, remote = [], []
+    # Warm the plugin cache once, so every row measures loading, not compiling.
+    time_to_ready([*common, "--model-repository", args.repo], dict(os.environ))
+    local, remote = [], {s.scheme: [] for s in stores}
     try:
         for _ in range(args.runs):
-            local.append(time_to_ready([*common, "--model-repository", args.repo], base))
-            mirror = os.path.join(work, "mirror")
-            shutil.rmtree(mirror, ignore_errors=True)
-            remote.append(time_to_ready([*common, "--model-repository", "s3://models/demo",
-                                         "--repository-cache-dir", mirror], base))
+            local.append(time_to_ready([*common, "--model-repository", args.repo],
+                                       dict(os.environ)))
+            for store in stores:
+                mirror = os.path.join(work, "mirror")
+                shutil.rmtree(mirror, ignore_errors=True)
+                remote[store.scheme].append(time_to_ready(
+                    [*common, "--model-repository", store.url("demo"),
+                     "--repository-cache-dir", mirror], {**os.environ, **store.env()}))
     finally:
-        server.stop()
+        for store in stores:
+            store.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({"binary": args.wisp, "bytes": total, "local_s": local, "s3_cold_s": remote}))
-    print(f"\nrepository {args.repo}: {total / 1e6:.1f} MB in the bucket; {args.runs} runs, plugin cache warm\n")
+    print(json.dumps({"binary": args.wisp, "bytes": total, "local_s": local, "cold_s": remote}))
+    print(f"\nrepository {args.repo}: {total / 1e6:.1f} MB in each store; {args.runs} runs, "
+          "plugin cache warm\n")
     print("| source | median s to ready | runs |")
     print("|---|---|---|")
     print(f"| local directory | {statistics.median(local):.2f} | {' '.join(f'{x:.2f}' for x in local)} |")
-    print(f"| s3:// (empty mirror: list, download, load) | {statistics.median(remote):.2f} | "
-          f"{' '.join(f'{x:.2f}' for x in remote)} |")
+    for scheme, runs in remote.items():
+        print(f"| {scheme}:// (empty mirror: list, download, load) | {statistics.median(runs):.2f} | "
+              f"{' '.join(f'{x:.2f}' for x in runs)} |")
 
 
 if __name__ == "__main__":
