@@ -62,8 +62,9 @@ directory per model with config.pbtxt and numbered versions). Put models there, 
     curl -s localhost:8000/v2/health/ready -w '%{http_code}\\n'
 
 Flags live in /etc/default/wisp (WISP_ARGS). The unit runs as a dynamic user with a read-only
-system and repository, and caches compiled plugins in /var/cache/wisp. systemd restarts Wisp
-when its watchdog stops: Wisp pings only while it serves and no model instance is stuck.
+system and repository, caches compiled plugins in /var/cache/wisp, and keeps versions rolled
+back for breaching their SLA out of service, across restarts, in /var/lib/wisp-state. systemd
+restarts Wisp when its watchdog stops: Wisp pings only while it serves and no model instance is stuck.
 """
 
 

@@ -83,6 +83,10 @@ def test_unit_file_is_valid_and_hardened(deb, tmp_path):
     assert settings["ReadOnlyPaths"] == "/var/lib/wisp/models"
     assert settings["MemoryMax"]
     assert "--model-repository /var/lib/wisp/models" in settings["ExecStart"]
+    # Rolled-back versions are remembered across restarts, outside the repository's directory.
+    assert "--state-dir ${STATE_DIRECTORY}" in settings["ExecStart"]
+    assert settings["StateDirectory"] and not "/var/lib/wisp/models".startswith(
+        "/var/lib/" + settings["StateDirectory"] + "/")
     assert settings["EnvironmentFile"] == "-/etc/default/wisp"
     if not shutil.which("systemd-analyze"):
         pytest.fail("systemd-analyze is missing (Debian's systemd package)")

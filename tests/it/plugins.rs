@@ -1017,13 +1017,18 @@ async fn sla_guarded_rollout_rolls_back_a_failing_version_and_keeps_a_healthy_on
         "testkit",
         &testkit_config(&sla("30")),
     );
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().to_path_buf();
     let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
         s.model_control_mode = ControlMode::Explicit;
         s.load_model = vec!["guarded".into()];
         s.no_wasm_cache = true;
+        s.state_dir = Some(state_dir);
     })
     .await;
     let (addr, metrics) = (server.http_addr(), server.metrics_addr().unwrap());
+    let remembered =
+        || std::fs::read_to_string(state.path().join("rolled-back.json")).unwrap_or_default();
     let mut c = Client::connect(addr).await.unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let clients = steady_load(addr, "guarded", stop.clone());
@@ -1058,6 +1063,8 @@ async fn sla_guarded_rollout_rolls_back_a_failing_version_and_keeps_a_healthy_on
     assert!(why.contains("error rate"), "{why}");
     let good = index_row(&mut c, "guarded", "1").await;
     assert_eq!(good["state"], "READY", "{good}");
+    // Remembered in --state-dir, so a restart would not serve version 2 again.
+    assert!(remembered().contains("\"guarded\""), "{}", remembered());
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // A healthy version 3 is kept once its (one-second) window passes.
@@ -1082,6 +1089,8 @@ async fn sla_guarded_rollout_rolls_back_a_failing_version_and_keeps_a_healthy_on
     assert_eq!(metric(metrics, kept).await, Some(1.0));
     let current = index_row(&mut c, "guarded", "3").await;
     assert_eq!(current["state"], "READY", "{current}");
+    // New files: the record is forgotten.
+    assert!(!remembered().contains("\"guarded\""), "{}", remembered());
     assert_eq!(
         current["reason"].as_str().unwrap_or_default(),
         "",

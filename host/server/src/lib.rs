@@ -271,6 +271,7 @@ impl Core {
             observers: metrics.clone().map(|m| m as Arc<dyn models::Observers>),
             host_policies: std::mem::take(&mut resolved.host_policies),
             verification,
+            state_dir: settings.state_dir.clone(),
         };
         let (roots, remotes) = mirror_remote_repositories(settings).await?;
         let registry = Arc::new(Registry::new(

@@ -352,6 +352,12 @@ pub struct Settings {
     #[arg(long, value_name = "DIR")]
     pub repository_cache_dir: Option<PathBuf>,
 
+    /// Where Wisp keeps state across restarts: the versions rolled back for breaching their SLA,
+    /// withheld until their files change (without it they are withheld until the server
+    /// restarts). The Debian package's unit sets its StateDirectory, /var/lib/wisp-state.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
     /// Use wasmtime's pooling instance allocator for plugins (falls back to on-demand
     /// allocation when the address space cannot be reserved).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]

@@ -34,9 +34,12 @@ pub struct LoadOptions {
     pub host_policies: crate::host_policy::HostPolicies,
     /// `--model-verify-key`: check signed manifests before loading a version.
     pub verification: Option<crate::signing::Verification>,
+    /// `--state-dir`: where rolled-back versions are remembered across restarts.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
-/// Loads one model; failures are recorded in the entry, never returned. Failure reasons reach
+/// Loads one model, leaving out the versions in `withheld`; failures are recorded in the
+/// entry, never returned. Failure reasons reach
 /// any client (the repository index, readiness errors), so paths in them are made relative to
 /// the repository. A panic while loading (a compiler's internal error on a component, say)
 /// fails this model only, never the server.
@@ -45,9 +48,10 @@ pub(super) fn load_model(
     backend: &dyn Backend,
     opts: &LoadOptions,
     config_json: Option<&str>,
+    withheld: &[u64],
 ) -> ModelEntry {
     let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        load_model_inner(dir, backend, opts, config_json)
+        load_model_inner(dir, backend, opts, config_json, withheld)
     }));
     let mut entry = loaded.unwrap_or_else(|payload| {
         let what = payload
@@ -91,6 +95,7 @@ fn load_model_inner(
     backend: &dyn Backend,
     opts: &LoadOptions,
     config_json: Option<&str>,
+    withheld: &[u64],
 ) -> ModelEntry {
     let start = Instant::now();
     let name = dir.name.as_str();
@@ -131,7 +136,9 @@ fn load_model_inner(
         }
     }
     let policy = cfg.version_policy.clone().unwrap_or_default();
-    let selected = match repository::select_versions(&policy, &repository::versions(&dir.path)) {
+    let mut available = repository::versions(&dir.path);
+    available.retain(|v| !withheld.contains(v));
+    let selected = match repository::select_versions(&policy, &available) {
         Ok(v) if v.is_empty() => {
             return ModelEntry::broken(
                 name,

@@ -25,6 +25,7 @@ pub mod rollout;
 #[cfg(test)]
 mod tests;
 pub mod warmup;
+pub mod withheld;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
@@ -81,6 +82,8 @@ pub struct Registry {
     opts: LoadOptions,
     models: RwLock<BTreeMap<String, Arc<ModelEntry>>>,
     slots: Mutex<HashMap<String, Arc<Slot>>>,
+    /// Versions rolled back for breaching their SLA, kept out while their files are unchanged.
+    withheld: withheld::Withheld,
 }
 
 impl Registry {
@@ -91,6 +94,7 @@ impl Registry {
         opts: LoadOptions,
     ) -> Self {
         Registry {
+            withheld: withheld::Withheld::open(opts.state_dir.as_deref()),
             roots,
             backend,
             opts,
@@ -286,7 +290,19 @@ impl Registry {
                 }
             }
         }
-        let entry = load_model(dir, self.backend.as_ref(), &self.opts, config_json);
+        // Versions rolled back from these very files stay out (a config override is a change).
+        let withheld = match config_json {
+            None => self.withheld.check(&dir.name, &dir.path),
+            Some(_) => {
+                self.withheld.forget(&dir.name);
+                None
+            }
+        };
+        let skip = withheld.as_ref().map_or(&[][..], |r| &r.versions[..]);
+        if !skip.is_empty() {
+            tracing::warn!(model = %dir.name, versions = ?skip, "versions rolled back for breaching their SLA are withheld until their files change");
+        }
+        let entry = load_model(dir, self.backend.as_ref(), &self.opts, config_json, skip);
         let mut models = self.models.write().expect("registry lock");
         let old_ready = models.get(&dir.name).is_some_and(|e| e.is_ready());
         if !entry.is_ready() {
@@ -301,7 +317,10 @@ impl Registry {
             {
                 let mut marks = slot.marks.lock().expect("marks");
                 marks.reload_error = None;
-                marks.rolled_back = None;
+                marks.rolled_back = withheld.map(|r| {
+                    let why = format!("{} (withheld until its files change)", r.reason);
+                    (r.versions, why)
+                });
             }
             match err {
                 None => Ok(()),
@@ -428,10 +447,20 @@ impl Registry {
             list(&good)
         );
         tracing::error!(model = name, %reason, "SLA breach: previous version swapped back in");
+        let gone: Vec<u64> = bad.into_iter().filter(|v| !good.contains(v)).collect();
+        // Remembered (across restarts with --state-dir) while the files are the ones that
+        // loaded; a rollback within one version number leaves nothing on disk to withhold.
+        let loaded_from = slot.marks.lock().expect("marks").fingerprint;
+        let shipped = slot.shipped.lock().expect("shipped").is_some();
+        if let (false, false, Ok(dir)) = (gone.is_empty(), shipped, self.find_dir(name)) {
+            if loaded_from == Some(fingerprint(&dir.path)) {
+                self.withheld
+                    .remember(name, &dir.path, gone.clone(), &reason);
+            }
+        }
         {
             let mut marks = slot.marks.lock().expect("marks");
             marks.reload_error = Some(reason.clone());
-            let gone: Vec<u64> = bad.into_iter().filter(|v| !good.contains(v)).collect();
             marks.rolled_back = Some((gone, reason));
             // The next load must build afresh, not resize the restored version in place.
             marks.files = None;

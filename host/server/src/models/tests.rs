@@ -128,6 +128,10 @@ fn write_model(root: &Path, name: &str, config: &str, file: Option<&str>) {
 }
 
 fn registry(root: &Path) -> (Registry, Arc<FakeBackend>) {
+    registry_with_state(root, None)
+}
+
+fn registry_with_state(root: &Path, state_dir: Option<&Path>) -> (Registry, Arc<FakeBackend>) {
     let backend = Arc::new(FakeBackend::default());
     let opts = LoadOptions {
         autocomplete: false,
@@ -135,6 +139,7 @@ fn registry(root: &Path) -> (Registry, Arc<FakeBackend>) {
         observers: None,
         host_policies: Default::default(),
         verification: None,
+        state_dir: state_dir.map(Path::to_path_buf),
     };
     (
         Registry::new(vec![root.to_path_buf()], backend.clone(), opts),
@@ -488,6 +493,49 @@ fn a_slow_new_version_is_rolled_back_and_stays_listed_with_why() {
     r.poll();
     assert_eq!(served_tag(&r, "m"), "fine two, fast");
     assert_eq!(index_row(&r, "m").version, Some(2));
+}
+
+#[test]
+fn a_rolled_back_version_stays_withheld_after_a_restart_until_its_files_change() {
+    let repo = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    write_model(repo.path(), "m", &guarded_config(60), Some("one"));
+    {
+        let (r, _) = registry_with_state(repo.path(), Some(state.path()));
+        r.load_initial(None).unwrap();
+        std::fs::create_dir_all(repo.path().join("m/2")).unwrap();
+        std::fs::write(repo.path().join("m/2/model.onnx"), "slow two").unwrap();
+        r.poll();
+        assert_eq!(send(&r, "m", 10), 0);
+        r.watch_rollouts();
+        assert_eq!(served_tag(&r, "m"), "one");
+    }
+    // A restarted server (the same state directory) serves version 1, not the latest, and
+    // says why version 2 is out.
+    let (r, _) = registry_with_state(repo.path(), Some(state.path()));
+    r.load_initial(None).unwrap();
+    assert_eq!(served_tag(&r, "m"), "one");
+    let rows = r.index(false).unwrap();
+    let two = rows
+        .iter()
+        .find(|row| row.version == Some(2))
+        .expect("listed");
+    assert_eq!(two.state, "UNAVAILABLE");
+    assert!(
+        two.reason.starts_with("rolled back: the new version (2)")
+            && two.reason.ends_with("(withheld until its files change)"),
+        "{two:?}"
+    );
+    // An explicit load of the same files withholds it too; new files load (under watch).
+    r.load("m", None).unwrap();
+    assert_eq!(served_tag(&r, "m"), "one");
+    rewrite(&repo.path().join("m/2/model.onnx"), "fine two, fast");
+    r.poll();
+    assert_eq!(served_tag(&r, "m"), "fine two, fast");
+    // ... and the record is gone for the next restart.
+    let (r, _) = registry_with_state(repo.path(), Some(state.path()));
+    r.load_initial(None).unwrap();
+    assert_eq!(served_tag(&r, "m"), "fine two, fast");
 }
 
 #[test]
