@@ -49,8 +49,8 @@ pub struct RemoteRepo {
 }
 
 impl RemoteRepo {
-    /// The repository at `url`, mirrored under `cache_root`. See [`open`] for the URL forms and
-    /// where credentials come from.
+    /// The repository at `url`, mirrored under `cache_root`. The URL forms, and where each takes
+    /// its credentials from, are in the README ("Repositories on object storage").
     pub fn new(url: &str, cache_root: &Path) -> Result<RemoteRepo> {
         let Opened {
             store,
