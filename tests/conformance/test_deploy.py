@@ -315,3 +315,86 @@ def test_the_chart_refuses_bad_values():
                 {"modelRepository": ""}):
         with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError, match="schema"):
             chart.render(bad, name="wisp", namespace="serving")
+
+
+# --- Container image ----------------------------------------------------------------------
+# No base image can be pulled here, so the image is not built. Its stages are checked as what
+# they are: their wiring (stages, copies, user, entry point) read from the Containerfile, and
+# the ONNX Runtime stage's commands run as a script, whose library must then serve a model.
+
+def containerfile_stages():
+    stages, current = {}, None
+    text = open(os.path.join(DEPLOY, "Containerfile")).read().replace("\\\n", " ")
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        op, _, rest = line.partition(" ")
+        if op == "FROM":
+            m = re.match(r"(\S+)(?:\s+AS\s+(\S+))?$", rest)
+            current = m.group(2) or f"<final: {m.group(1)}>"
+            stages[current] = {"from": m.group(1), "steps": []}
+        else:
+            stages[current]["steps"].append((op, rest.strip()))
+    return stages
+
+
+def steps(stage, op):
+    return [rest for o, rest in stage["steps"] if o == op]
+
+
+def test_the_containerfile_stages_fit_together():
+    stages = containerfile_stages()
+    names = list(stages)
+    for i, name in enumerate(names):
+        for copy in steps(stages[name], "COPY"):
+            m = re.match(r"--from=(\S+)\s+(\S+)\s+(\S+)", copy)
+            if m:
+                assert m.group(1) in names[:i], f"{name} copies from later or unknown {m.group(1)}"
+                made = " ".join(steps(stages[m.group(1)], "RUN"))
+                assert m.group(2).rsplit("/", 1)[0] in made, f"{m.group(1)} does not make {m.group(2)}"
+    (final,) = [n for n in names if n.startswith("<final")]
+    assert stages[final]["from"] == "runtime", "a plain build is the tract-only runtime"
+    runtime = stages["runtime"]
+    (user,) = steps(runtime, "USER")
+    assert user.split(":")[0] == "10001", "non-root, the uid the manifests run as"
+    (deployment,) = by_kind("Deployment")
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001
+    (entry,) = steps(runtime, "ENTRYPOINT")
+    assert json.loads(entry) == ["/usr/local/bin/wisp"]
+    assert any("/usr/local/bin/wisp" in c for c in steps(runtime, "COPY"))
+    (build,) = steps(stages["build"], "RUN")
+    assert "cargo build --release -p wisp-server" in build
+    # The serve flags of the default command exist.
+    (cmd,) = steps(runtime, "CMD")
+    help_text = subprocess.run([*wisp_command(), "serve", "--help"], capture_output=True,
+                               text=True, timeout=120, check=True).stdout
+    for arg in json.loads(cmd)[1:]:
+        assert arg.split("=")[0] in help_text, arg
+    ort = stages["onnxruntime"]
+    env = dict(e.split("=", 1) for e in steps(ort, "ENV"))
+    assert env["ORT_DYLIB_PATH"] in " ".join(steps(ort, "COPY"))
+
+
+def test_the_onnxruntime_stage_runs_as_a_script_and_its_library_serves(tmp_path, monkeypatch):
+    """The stage's RUN, with its /tmp and /out moved under tmp_path and pip the test's own;
+    then `wisp serve --onnx-engine onnxruntime` with ORT_DYLIB_PATH at what it produced."""
+    from conftest import start_wisp, stop_wisp
+    import sys
+    (script,) = steps(containerfile_stages()["onnxruntime-lib"], "RUN")
+    script = (script.replace("/tmp/ort", str(tmp_path / "ort"))
+              .replace("/out/", str(tmp_path / "out") + "/")
+              .replace("pip install", f"{sys.executable} -m pip install --quiet"))
+    subprocess.run(["bash", "-euo", "pipefail", "-c", script], check=True, timeout=600)
+    lib = tmp_path / "out" / "libonnxruntime.so"
+    assert lib.is_file()
+    monkeypatch.setenv("ORT_DYLIB_PATH", str(lib))
+    # (with --onnx-engine onnxruntime a library that does not load fails start-up)
+    proc, log, urls = start_wisp(os.path.join(ROOT, "tests", "fixtures", "repo"), "onnxruntime",
+                                 "conformance-containerfile-ort.log")
+    try:
+        import urllib.request
+        with urllib.request.urlopen(f"http://{urls['url']}/v2/models/add_sub", timeout=10) as r:
+            assert json.load(r)["platform"] == "onnxruntime_onnx"
+    finally:
+        stop_wisp(proc, log)
