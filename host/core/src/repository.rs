@@ -70,6 +70,16 @@ pub fn scan(roots: &[PathBuf]) -> Result<Scan> {
     Ok(scan)
 }
 
+/// Whether `name` (from the network: a load request's model name) can name a model directory:
+/// one path component of at most 255 bytes, with no NUL, and not hidden ([`scan`] skips names
+/// starting with `.`, which also rules out `.` and `..`).
+pub fn is_model_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && !name.contains(['/', '\\', '\0'])
+}
+
 /// Resolves `relative`, a path a config names, inside `model_dir`, or says why it may not be
 /// used. Configs come from the network too (a load request's `config`), so a path is refused
 /// when it is absolute, has a `..` or root component, or, once symlinks are followed, leaves the
@@ -149,6 +159,26 @@ pub fn select_versions(policy: &VersionPolicy, available: &[u64]) -> Result<Vec<
 mod tests {
     use super::*;
     use crate::config::{Latest, Specific};
+
+    #[test]
+    fn model_names_are_one_visible_path_component() {
+        for ok in ["add_sub", "a.b", "x-1", &"m".repeat(255)] {
+            assert!(is_model_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "a/b",
+            "../x",
+            "a\\b",
+            "nul\0",
+            &"m".repeat(256),
+        ] {
+            assert!(!is_model_name(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn policies_select_versions() {

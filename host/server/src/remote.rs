@@ -97,7 +97,7 @@ impl RemoteRepo {
     /// changed. A name that cannot be a model directory syncs nothing, and the load that follows
     /// reports it.
     pub async fn sync_model(&self, model: &str) -> Result<bool> {
-        if model.is_empty() || model.starts_with('.') || model.contains(['/', '\\']) {
+        if !wisp_core::repository::is_model_name(model) {
             return Ok(false);
         }
         let _one_at_a_time = self.gate.lock().await;

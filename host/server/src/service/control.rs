@@ -145,12 +145,7 @@ impl Service {
                 "a load request with 'file:' parameters must also give the model's 'config'",
             ));
         };
-        if model.is_empty()
-            || model.len() > 255
-            || model.contains(['/', '\\', '\0'])
-            || model == "."
-            || model == ".."
-        {
+        if !wisp_core::repository::is_model_name(&model) {
             return Err(Error::invalid(format!(
                 "'{}' cannot name a model directory",
                 model.escape_debug()
