@@ -37,7 +37,9 @@ def emulated_args():
     """Flags for a `wisp` under qemu-user: no pooling allocator. qemu-user tracks every page
     of a reservation, so the pool's terabytes of PROT_NONE address space cost it gigabytes of
     real memory (24 GB, then the OOM killer, with 1000 slots); a real device pays nothing."""
-    return ["--wasm-pooling", "false"] if os.environ.get("WISP_RUNNER") else []
+    emulated = ["--wasm-pooling", "false"] if os.environ.get("WISP_RUNNER") else []
+    # WISP_ARGS: flags for every server a test starts (e.g. `--wasm-compiler pulley`).
+    return emulated + shlex.split(os.environ.get("WISP_ARGS", ""))
 
 
 def start_wisp(repo, engine, log_name, extra_args=(), ready_within=None):

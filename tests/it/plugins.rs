@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use wisp_server::settings::{ControlMode, OnnxEngine};
+use wisp_server::settings::{ControlMode, OnnxEngine, WasmCompilerChoice};
 use wisp_tests::{add_plugin_model, copy_dir, workspace_root, Client};
 
 use crate::common::start_with;
@@ -262,6 +262,17 @@ async fn hot_replacement_of_a_plugin_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misbehaving_plugins_fail_only_their_own_requests() {
+    misbehaving_plugins(WasmCompilerChoice::Native).await;
+}
+
+/// The sandbox's limits hold the same on Pulley, the interpreter riscv64 runs plugins on:
+/// deadlines, memory, fuel and traps each fail only their own request, with the same errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_plugins_fail_only_their_own_requests_on_pulley() {
+    misbehaving_plugins(WasmCompilerChoice::Pulley).await;
+}
+
+async fn misbehaving_plugins(compiler: WasmCompilerChoice) {
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path();
     add_plugin_model(repo, "good", 1, "testkit", &testkit_config(""));
@@ -314,7 +325,11 @@ async fn misbehaving_plugins_fail_only_their_own_requests() {
         "testkit",
         &testkit_config(&param("fail_init", "true")),
     );
-    let server = start_plugins(repo).await;
+    let server = start_with(repo, OnnxEngine::Tract, |s| {
+        s.no_wasm_cache = true;
+        s.wasm_compiler = compiler;
+    })
+    .await;
     let mut c = Client::connect(server.http_addr()).await.unwrap();
 
     // A broken init makes only that model unavailable, with the plugin's reason.

@@ -26,6 +26,40 @@ pub fn deadline_ticks(timeout: Duration) -> u64 {
     (timeout.as_nanos() / EPOCH_TICK.as_nanos()).max(1) as u64 + 1
 }
 
+/// What turns a plugin's WebAssembly into code the host runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WasmCompiler {
+    /// Cranelift, compiling to the host CPU's machine code.
+    Native,
+    /// Pulley: Cranelift compiling to wasmtime's portable bytecode, which an interpreter runs.
+    /// Several times slower than native code, but it asks nothing of the CPU. The default on
+    /// riscv64, where Cranelift 48's native backend fails to compile our demo plugins for CPUs
+    /// without the V extension (most boards sold today).
+    Pulley,
+}
+
+impl WasmCompiler {
+    /// Whether this build can run Pulley (the `pulley` feature; always on riscv64).
+    pub const PULLEY_BUILT: bool = cfg!(any(feature = "pulley", target_arch = "riscv64"));
+
+    /// The compiler used when none is asked for: Pulley on riscv64, native code elsewhere.
+    pub fn host_default() -> Self {
+        if cfg!(target_arch = "riscv64") {
+            WasmCompiler::Pulley
+        } else {
+            WasmCompiler::Native
+        }
+    }
+
+    /// Its name in logs and settings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WasmCompiler::Native => "native",
+            WasmCompiler::Pulley => "pulley",
+        }
+    }
+}
+
 /// Where a compiled component came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompileSource {
@@ -43,20 +77,27 @@ pub struct Engines {
     cache_dir: Option<PathBuf>,
     pooling: bool,
     perfmap: bool,
+    compiler: WasmCompiler,
 }
 
 impl Engines {
     /// Engines caching precompiled components under `cache_dir` (none: always compile), using
     /// the pooling instance allocator when `pooling` (falling back to on-demand allocation if
     /// the pool cannot be reserved), and writing a perf map when `perfmap` (see
-    /// [`PERFMAP_ENV`]).
-    pub fn new(cache_dir: Option<PathBuf>, pooling: bool, perfmap: bool) -> Arc<Self> {
+    /// [`PERFMAP_ENV`]), with `compiler` making the code.
+    pub fn new(
+        cache_dir: Option<PathBuf>,
+        pooling: bool,
+        perfmap: bool,
+        compiler: WasmCompiler,
+    ) -> Arc<Self> {
         Arc::new(Engines {
             plain: OnceLock::new(),
             fueled: OnceLock::new(),
             cache_dir,
             pooling,
             perfmap,
+            compiler,
         })
     }
 
@@ -66,7 +107,7 @@ impl Engines {
         if let Some(e) = cell.get() {
             return Ok(e);
         }
-        let engine = build_engine(fuel, self.pooling, self.perfmap)?;
+        let engine = build_engine(fuel, self.pooling, self.perfmap, self.compiler)?;
         if cell.set(engine.clone()).is_ok() {
             spawn_ticker(engine.weak());
         }
@@ -116,7 +157,12 @@ impl Engines {
     }
 }
 
-fn build_engine(fuel: bool, pooling: bool, perfmap: bool) -> Result<Engine> {
+fn build_engine(
+    fuel: bool,
+    pooling: bool,
+    perfmap: bool,
+    compiler: WasmCompiler,
+) -> Result<Engine> {
     let mut config = Config::new();
     config
         .wasm_component_model(true)
@@ -124,6 +170,25 @@ fn build_engine(fuel: bool, pooling: bool, perfmap: bool) -> Result<Engine> {
         .consume_fuel(fuel)
         .cranelift_opt_level(OptLevel::Speed)
         .parallel_compilation(true);
+    if compiler == WasmCompiler::Pulley {
+        if !WasmCompiler::PULLEY_BUILT {
+            return Err(Error::invalid(
+                "this build has no Pulley interpreter (built without the `pulley` feature)",
+            ));
+        }
+        let target = match (
+            cfg!(target_pointer_width = "64"),
+            cfg!(target_endian = "big"),
+        ) {
+            (true, false) => "pulley64",
+            (true, true) => "pulley64be",
+            (false, false) => "pulley32",
+            (false, true) => "pulley32be",
+        };
+        config
+            .target(target)
+            .map_err(|e| Error::internal(format!("cannot target {target}: {e:#}")))?;
+    }
     if perfmap {
         config.profiler(ProfilingStrategy::PerfMap);
     }
@@ -296,7 +361,12 @@ mod tests {
     #[test]
     fn rejects_bytes_that_are_not_a_component() {
         let dir = tempfile::tempdir().unwrap();
-        let engines = Engines::new(Some(dir.path().to_path_buf()), false, false);
+        let engines = Engines::new(
+            Some(dir.path().to_path_buf()),
+            false,
+            false,
+            WasmCompiler::Native,
+        );
         let engine = engines.get(false).unwrap().clone();
         let e = engines.compile(&engine, b"not wasm").unwrap_err();
         assert!(e.message().contains("not a valid WebAssembly component"));
@@ -309,7 +379,12 @@ mod tests {
     #[test]
     fn caches_then_loads_from_the_cache() {
         let dir = tempfile::tempdir().unwrap();
-        let engines = Engines::new(Some(dir.path().to_path_buf()), false, false);
+        let engines = Engines::new(
+            Some(dir.path().to_path_buf()),
+            false,
+            false,
+            WasmCompiler::Native,
+        );
         let engine = engines.get(false).unwrap().clone();
         let (_, first) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
         let (_, second) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
@@ -320,11 +395,39 @@ mod tests {
     }
 
     #[test]
+    fn pulley_compiles_into_its_own_cache_entries() {
+        if !WasmCompiler::PULLEY_BUILT {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let native = Engines::new(
+            Some(dir.path().to_path_buf()),
+            false,
+            false,
+            WasmCompiler::Native,
+        );
+        let pulley = Engines::new(
+            Some(dir.path().to_path_buf()),
+            false,
+            false,
+            WasmCompiler::Pulley,
+        );
+        let (n, p) = (native.get(false).unwrap(), pulley.get(false).unwrap());
+        assert!(p.is_pulley());
+        assert!(!n.is_pulley());
+        assert_ne!(cache_key(n, EMPTY_COMPONENT), cache_key(p, EMPTY_COMPONENT));
+        let (_, source) = pulley.compile(p, EMPTY_COMPONENT).unwrap();
+        assert_eq!(source, CompileSource::Compiled);
+        let (_, source) = native.compile(n, EMPTY_COMPONENT).unwrap();
+        assert_eq!(source, CompileSource::Compiled);
+    }
+
+    #[test]
     fn an_unwritable_cache_still_compiles() {
         let dir = tempfile::tempdir().unwrap();
         let not_a_dir = dir.path().join("file");
         std::fs::write(&not_a_dir, b"").unwrap();
-        let engines = Engines::new(Some(not_a_dir), false, false);
+        let engines = Engines::new(Some(not_a_dir), false, false, WasmCompiler::Native);
         let engine = engines.get(false).unwrap().clone();
         let (_, source) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
         assert_eq!(source, CompileSource::Compiled);

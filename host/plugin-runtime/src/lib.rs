@@ -37,7 +37,7 @@ use wisp_core::config::{ModelConfig, ModelIo};
 use wisp_core::env::{EnvSource, ProcessEnv};
 use wisp_core::{Error, InferRequest, InferResponse, Result};
 
-pub use engine::{CompileSource, Engines};
+pub use engine::{CompileSource, Engines, WasmCompiler};
 pub use instance::Failure;
 pub use limits::Limits;
 
@@ -102,6 +102,8 @@ pub struct WasmOptions {
     pub cache_dir: Option<PathBuf>,
     /// Use wasmtime's pooling instance allocator.
     pub pooling: bool,
+    /// What compiles plugins ([`WasmCompiler::host_default`] unless asked).
+    pub compiler: WasmCompiler,
     /// Where failures are counted.
     pub failures: Arc<FailureCounts>,
     /// Where the variables `wasm.allow_env` grants are read from.
@@ -113,6 +115,7 @@ impl Default for WasmOptions {
         WasmOptions {
             cache_dir: None,
             pooling: true,
+            compiler: WasmCompiler::host_default(),
             failures: Arc::default(),
             env: Arc::new(ProcessEnv),
         }
@@ -147,6 +150,7 @@ impl WasmBackend {
                 options.cache_dir,
                 options.pooling,
                 options.env.var(engine::PERFMAP_ENV).is_some(),
+                options.compiler,
             ),
             caller,
             failures: options.failures,

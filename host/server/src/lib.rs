@@ -38,6 +38,7 @@ use wisp_backend_onnx::{find_onnxruntime, EngineChoice, OnnxBackend};
 
 use models::{LoadOptions, Registry};
 use settings::{ControlMode, OnnxEngine, Settings};
+use wisp_plugin_runtime::WasmCompiler;
 
 /// Every setting that needs parsing beyond clap's, parsed in one pass.
 struct Resolved {
@@ -50,6 +51,7 @@ struct Resolved {
     http_tls: Option<tokio_rustls::TlsAcceptor>,
     grpc_tls: Option<tokio_rustls::TlsAcceptor>,
     trace: service::trace::TraceConfig,
+    wasm_compiler: wisp_plugin_runtime::WasmCompiler,
 }
 
 /// The value, or `None` with its error noted.
@@ -120,6 +122,7 @@ impl Resolved {
         } else {
             None
         };
+        let wasm_compiler = take(&mut errors, wasm_compiler(s.wasm_compiler));
         if !errors.is_empty() {
             anyhow::bail!("invalid settings:\n  - {}", errors.join("\n  - "));
         }
@@ -133,7 +136,21 @@ impl Resolved {
             http_tls,
             grpc_tls,
             trace: trace.unwrap_or_default(),
+            wasm_compiler: wasm_compiler.unwrap_or(WasmCompiler::Native),
         })
+    }
+}
+
+/// The plugin compiler `--wasm-compiler` asks for, if this build has it.
+fn wasm_compiler(choice: settings::WasmCompilerChoice) -> Result<WasmCompiler, String> {
+    use settings::WasmCompilerChoice as Choice;
+    match choice {
+        Choice::Auto => Ok(WasmCompiler::host_default()),
+        Choice::Native => Ok(WasmCompiler::Native),
+        Choice::Pulley if WasmCompiler::PULLEY_BUILT => Ok(WasmCompiler::Pulley),
+        Choice::Pulley => Err(
+            "--wasm-compiler pulley: this build has no Pulley interpreter (the edge build has it only on riscv64)".into(),
+        ),
     }
 }
 
@@ -238,12 +255,24 @@ impl Core {
             ": this build has no ONNX Runtime (edge build), tract serves every ONNX model"
         };
         tracing::info!(engine = backend.engine(), "ONNX engine selected{edge}");
+        let why = match resolved.wasm_compiler {
+            WasmCompiler::Pulley if settings.wasm_compiler == settings::WasmCompilerChoice::Auto => {
+                ": Pulley, wasmtime's interpreter, the default on riscv64 (Cranelift's riscv64 backend cannot compile every plugin); --wasm-compiler native overrides"
+            }
+            WasmCompiler::Pulley => ": Pulley, wasmtime's interpreter (slower than native code)",
+            WasmCompiler::Native => "",
+        };
+        tracing::info!(
+            compiler = resolved.wasm_compiler.as_str(),
+            "plugin compiler selected{why}"
+        );
         let plugin_failures = Arc::new(wisp_plugin_runtime::FailureCounts::default());
         let caller = Arc::new(models::caller::RegistryCaller::default());
         let wasm = wisp_plugin_runtime::WasmBackend::new(
             wisp_plugin_runtime::WasmOptions {
                 cache_dir: settings.wasm_cache(),
                 pooling: settings.wasm_pooling,
+                compiler: resolved.wasm_compiler,
                 failures: plugin_failures.clone(),
                 env: settings.env.clone(),
             },

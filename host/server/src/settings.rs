@@ -81,6 +81,18 @@ pub enum OnnxEngine {
     Tract,
 }
 
+/// What compiles wasm plugins (`--wasm-compiler`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WasmCompilerChoice {
+    /// Pulley on riscv64 (Cranelift's riscv64 backend cannot compile every plugin there),
+    /// native code elsewhere.
+    Auto,
+    /// Cranelift's machine code for this CPU.
+    Native,
+    /// Pulley, wasmtime's portable interpreter: slower, but asks nothing of the CPU.
+    Pulley,
+}
+
 /// How models are loaded and changed at run time (Triton's `--model-control-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ControlMode {
@@ -362,6 +374,11 @@ pub struct Settings {
     /// allocation when the address space cannot be reserved).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub wasm_pooling: bool,
+
+    /// What compiles plugins: native machine code, or Pulley, wasmtime's interpreter (auto:
+    /// Pulley on riscv64, native elsewhere).
+    #[arg(long, value_enum, default_value_t = WasmCompilerChoice::Auto)]
+    pub wasm_compiler: WasmCompilerChoice,
 
     /// Where environment variables are read from (`ORT_DYLIB_PATH`, `WISP_PYTHON`, the cache
     /// directory's, and those `wasm.allow_env` grants): the process environment unless an
