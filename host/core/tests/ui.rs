@@ -12,10 +12,10 @@ fn errors_for(case: &Path) -> String {
     let text = std::fs::read_to_string(case.join("config.pbtxt")).unwrap();
     let result = parse_pbtxt(name, &text).and_then(|mut cfg| {
         normalize(&mut cfg, name, case);
-        validate(&cfg, name, case)
+        validate(cfg, name, case)
     });
     match result {
-        Ok(()) => "(valid)\n".to_string(),
+        Ok(_) => "(valid)\n".to_string(),
         Err(e) => {
             let mut out = format!("model '{}'\n", e.model);
             for err in &e.errors {

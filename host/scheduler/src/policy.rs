@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use wisp_core::config::sequence::SequenceBatching;
 use wisp_core::config::{ModelConfig, QueuePolicy};
 
 pub use wisp_core::config::TimeoutAction;
@@ -62,21 +63,23 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Triton's semantics from the model config.
-    pub fn from_config(cfg: &ModelConfig) -> Self {
+    /// Triton's semantics from the model config and its `sequence_batching` (as
+    /// [`ModelSpec::sequence`](wisp_core::config::ModelSpec::sequence) holds it), whose
+    /// strategy replaces `dynamic_batching` when set.
+    pub fn from_config(cfg: &ModelConfig, sequence: Option<&SequenceBatching>) -> Self {
         let max_batch_size = cfg.max_batch_size.max(0) as usize;
-        if let Ok(Some(seq)) = wisp_core::config::sequence::read(cfg) {
+        if let Some(seq) = sequence {
             // Each sequence has one request in flight at a time, so a batch holds one request
             // per sequence: the sequences of one instance batch together.
             use wisp_core::config::sequence::Strategy;
-            let (preferred, delay, ordered) = match seq.strategy {
-                Strategy::Direct { max_queue_delay } => (Vec::new(), max_queue_delay, false),
+            let (preferred, delay, ordered) = match &seq.strategy {
+                Strategy::Direct { max_queue_delay } => (Vec::new(), *max_queue_delay, false),
                 Strategy::Oldest {
                     preferred,
                     max_queue_delay,
                     preserve_ordering,
                     ..
-                } => (preferred, max_queue_delay, preserve_ordering),
+                } => (preferred.clone(), *max_queue_delay, *preserve_ordering),
             };
             return Policy {
                 max_batch_size,

@@ -77,7 +77,7 @@ fn policy(mbs: i32, db: Option<DynamicBatching>) -> Policy {
         dynamic_batching: db,
         ..Default::default()
     };
-    Policy::from_config(&cfg)
+    Policy::from_config(&cfg, None)
 }
 
 fn harness(policy: Policy, instances: usize, hold: &'static str) -> Harness {

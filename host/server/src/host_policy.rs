@@ -169,7 +169,7 @@ mod tests {
         assert!(out[0].is_ok());
         assert_eq!(allowed_cpus(), before, "the warm-up caller was pinned");
         // the scheduler's instance thread is pinned before its first batch
-        let policy = wisp_scheduler::Policy::from_config(&Default::default());
+        let policy = wisp_scheduler::Policy::from_config(&Default::default(), None);
         let s = wisp_scheduler::Scheduler::start("pin", policy, vec![pinned], None).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         s.enqueue(

@@ -93,7 +93,7 @@ fn check_text(text: &str) {
     let dir = Path::new("/nonexistent/model");
     if let Ok(mut cfg) = parse_pbtxt("model", text) {
         normalize(&mut cfg, "model", dir);
-        let _ = validate(&cfg, "model", dir);
+        let _ = validate(cfg.clone(), "model", dir);
         let _ = cfg.instance_count();
     }
 }
@@ -126,7 +126,7 @@ proptest! {
             if let Ok(mut cfg) = config_from_json(&text) {
                 let dir = Path::new("/nonexistent/model");
                 normalize(&mut cfg, "model", dir);
-                let _ = validate(&cfg, "model", dir);
+                let _ = validate(cfg, "model", dir);
             }
         }
     }

@@ -15,6 +15,7 @@ pub mod sequence;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -727,8 +728,42 @@ pub fn check_model_filename(file: &str, model_dir: &Path) -> Result<(), String> 
     Ok(())
 }
 
-/// Checks a normalized config; returns every problem found.
-pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(), ConfigErrors> {
+/// A config [`validate`] accepted, with what it holds as untyped JSON parsed once: the loader,
+/// the scheduler and the sequence batcher read these, and none re-parses the config or needs a
+/// "cannot happen" fallback. The config itself stays as written (normalized) for `/config`.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// The normalized, validated config.
+    pub config: Arc<ModelConfig>,
+    /// `ensemble_scheduling.step` in the config's order, checked to form a DAG (empty unless
+    /// the model is an ensemble).
+    pub steps: Arc<[ensemble::EnsembleStep]>,
+    /// `sequence_batching`, when set.
+    pub sequence: Option<sequence::SequenceBatching>,
+}
+
+/// Checks a normalized config, reporting every problem found; a config that passes comes back
+/// as its [`ModelSpec`].
+pub fn validate(
+    cfg: ModelConfig,
+    dir_name: &str,
+    model_dir: &Path,
+) -> Result<ModelSpec, ConfigErrors> {
+    let (steps, sequence) = check(&cfg, dir_name, model_dir)?;
+    Ok(ModelSpec {
+        config: Arc::new(cfg),
+        steps: steps.into(),
+        sequence,
+    })
+}
+
+type Checked = (
+    Vec<ensemble::EnsembleStep>,
+    Option<sequence::SequenceBatching>,
+);
+
+fn check(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<Checked, ConfigErrors> {
+    let mut steps = Vec::new();
     let mut errs = Vec::new();
     let mut err = |path: String, message: String| errs.push(ConfigError { path, message });
 
@@ -751,8 +786,9 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
     } else if ensemble {
         // The steps and the DAG they form, with the config's other errors.
         let problems = match ensemble::steps(cfg) {
-            Ok(steps) => {
+            Ok(read) => {
                 let names = |io: &mut dyn Iterator<Item = &String>| io.cloned().collect::<Vec<_>>();
+                steps = read;
                 ensemble::check_dag(
                     &names(&mut cfg.input.iter().map(|i| &i.name)),
                     &names(&mut cfg.output.iter().map(|o| &o.name)),
@@ -765,11 +801,15 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
             err(ensemble::FIELD.into(), p);
         }
     }
-    if let Err(problems) = sequence::read(cfg) {
-        for p in problems {
-            err(sequence::FIELD.into(), p);
+    let sequence = match sequence::read(cfg) {
+        Ok(seq) => seq,
+        Err(problems) => {
+            for p in problems {
+                err(sequence::FIELD.into(), p);
+            }
+            None
         }
-    }
+    };
     if cfg.other.contains_key(sequence::FIELD) && ensemble {
         err(
             sequence::FIELD.into(),
@@ -1140,7 +1180,7 @@ pub fn validate(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<(
         }
     }
     if errs.is_empty() {
-        Ok(())
+        Ok((steps, sequence))
     } else {
         Err(ConfigErrors {
             model: dir_name.to_string(),

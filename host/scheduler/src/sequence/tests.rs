@@ -102,9 +102,10 @@ fn rig(cfg: &ModelConfig, instances: u64) -> Rig {
     let inst: Vec<Box<dyn Instance>> = (0..instances)
         .map(|i| Box::new(Accumulator(i)) as Box<dyn Instance>)
         .collect();
-    let scheduler =
-        Arc::new(Scheduler::start("acc", Policy::from_config(cfg), inst, None).unwrap());
     let spec = wisp_core::config::sequence::read(cfg).unwrap().unwrap();
+    let scheduler = Arc::new(
+        Scheduler::start("acc", Policy::from_config(cfg, Some(&spec)), inst, None).unwrap(),
+    );
     let seq = Sequencer::new(
         "acc",
         spec,
@@ -288,7 +289,7 @@ sequence_batching {
     let scheduler = Arc::new(
         Scheduler::start(
             "big",
-            Policy::from_config(&cfg),
+            Policy::from_config(&cfg, Some(&spec)),
             vec![Box::new(Accumulator(0)) as Box<dyn Instance>],
             None,
         )

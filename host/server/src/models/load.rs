@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use wisp_core::backend::{Backend, Instance};
-use wisp_core::config::{self, ModelConfig};
+use wisp_core::config::{self, ModelConfig, ModelSpec};
 use wisp_core::repository::{self, ModelDir};
 use wisp_core::{Error, Result};
 use wisp_scheduler::sequence::Sequencer;
@@ -99,19 +99,20 @@ fn load_model_inner(
 ) -> ModelEntry {
     let start = Instant::now();
     let name = dir.name.as_str();
-    let (cfg, verified) = match prepare_config_from(
+    let (spec, verified) = match prepare_config_from(
         dir,
         backend,
         opts.autocomplete,
         config_json,
         opts.verification.as_ref(),
     ) {
-        Ok((c, verified)) => (Arc::new(c), verified),
+        Ok(prepared) => prepared,
         Err(e) => {
             tracing::error!(model = name, error = %e, "model failed to load");
             return ModelEntry::broken(name, e);
         }
     };
+    let cfg = &spec.config;
     for field in cfg.unsupported_fields() {
         tracing::warn!(
             model = name,
@@ -160,7 +161,7 @@ fn load_model_inner(
             None => Ok(()),
         };
         let loaded =
-            checked.and_then(|()| load_version(dir, v, &cfg, &labels, backend, observer, opts));
+            checked.and_then(|()| load_version(dir, v, &spec, &labels, backend, observer, opts));
         let state = match loaded {
             Ok(m) => {
                 tracing::info!(
@@ -193,7 +194,8 @@ pub fn prepare_config(
     backend: &dyn Backend,
     autocomplete: bool,
 ) -> Result<ModelConfig> {
-    prepare_config_from(dir, backend, autocomplete, None, None).map(|(cfg, _)| cfg)
+    prepare_config_from(dir, backend, autocomplete, None, None)
+        .map(|(spec, _)| Arc::unwrap_or_clone(spec.config))
 }
 
 /// As [`prepare_config`], from a load request's `config_json` when given; with `verification`,
@@ -205,7 +207,7 @@ pub(super) fn prepare_config_from(
     autocomplete: bool,
     config_json: Option<&str>,
     verification: Option<&crate::signing::Verification>,
-) -> Result<(ModelConfig, Option<u64>)> {
+) -> Result<(ModelSpec, Option<u64>)> {
     let mut verified = None;
     let name = dir.name.as_str();
     let mut cfg = match config_json {
@@ -256,10 +258,11 @@ pub(super) fn prepare_config_from(
             }
         }
     }
-    config::validate(&cfg, name, &dir.path)?;
+    let spec = config::validate(cfg, name, &dir.path)?;
+    let cfg = &*spec.config;
     // `openai.*` parameters that do not fit the signature fail the load, not each API call.
-    crate::service::openai::EmbeddingApi::of(&cfg)?;
-    super::rollout::Sla::of(&cfg)?;
+    crate::service::openai::EmbeddingApi::of(cfg)?;
+    super::rollout::Sla::of(cfg)?;
     if config_json.is_some() && cfg.is_wasm() {
         // A config from the network may narrow the repository's sandbox, never widen it.
         let base = match std::fs::read_to_string(dir.path.join("config.pbtxt")) {
@@ -269,9 +272,9 @@ pub(super) fn prepare_config_from(
                 ..Default::default()
             },
         };
-        wisp_plugin_runtime::limits::check_override_narrows(&base, &cfg, &dir.path)?;
+        wisp_plugin_runtime::limits::check_override_narrows(&base, cfg, &dir.path)?;
     }
-    Ok((cfg, verified))
+    Ok((spec, verified))
 }
 
 /// Whether a model directory holds an ensemble (judged from its config text).
@@ -297,13 +300,14 @@ pub fn model_file(model_dir: &Path, version: u64, cfg: &ModelConfig) -> std::pat
 fn load_version(
     dir: &ModelDir,
     version: u64,
-    cfg: &Arc<ModelConfig>,
+    spec: &ModelSpec,
     labels: &HashMap<String, Arc<Vec<String>>>,
     backend: &dyn Backend,
     observer: Option<Observer>,
     opts: &LoadOptions,
 ) -> Result<ModelVersion> {
     let start = Instant::now();
+    let cfg = &spec.config;
     let file = model_file(&dir.path, version, cfg);
     if !cfg.is_ensemble() {
         repository::confine(
@@ -318,9 +322,7 @@ fn load_version(
             file.display()
         )));
     }
-    let sequencing = config::sequence::read(cfg).map_err(|errs| {
-        Error::invalid(format!("{}: {}", config::sequence::FIELD, errs.join("; ")))
-    })?;
+    let sequencing = spec.sequence.clone();
     let loaded = match &sequencing {
         // The backend also sees the inputs and outputs the sequence batcher feeds and reads.
         Some(seq) => backend.load(&with_sequence_io(cfg, seq), &file)?,
@@ -345,7 +347,7 @@ fn load_version(
     };
     let scheduler = Arc::new(Scheduler::start(
         &dir.name,
-        Policy::from_config(cfg),
+        Policy::from_config(cfg, sequencing.as_ref()),
         instances,
         observer,
     )?);
@@ -360,10 +362,10 @@ fn load_version(
         )
     });
     let engine = loaded.engine().to_string();
-    let composing = wisp_core::config::ensemble::steps(cfg)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|s| (s.model, s.version))
+    let composing = spec
+        .steps
+        .iter()
+        .map(|s| (s.model.clone(), s.version))
         .collect();
     Ok(ModelVersion {
         composing,

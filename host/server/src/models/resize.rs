@@ -59,13 +59,14 @@ impl Registry {
             None,
         )
         .ok()?
-        .0;
+        .0
+        .config;
         let without_counts = |c: &ModelConfig| {
             let mut c = c.clone();
             c.instance_group.iter_mut().for_each(|g| g.count = 0);
             c
         };
-        if without_counts(&new_cfg) != without_counts(&first.config) || new_cfg == *first.config {
+        if without_counts(&new_cfg) != without_counts(&first.config) || *new_cfg == *first.config {
             return None;
         }
         // A sequence's slot is on one instance: a stateful model reloads instead.
@@ -78,7 +79,6 @@ impl Registry {
         if selected != old.versions.keys().copied().collect::<Vec<_>>() {
             return None;
         }
-        let new_cfg = Arc::new(new_cfg);
         let target = new_cfg.instance_count();
         let mut versions = BTreeMap::new();
         for (v, state) in &old.versions {
