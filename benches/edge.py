@@ -1,11 +1,12 @@
 """The edge benchmark: for each wisp binary given, its stripped size, start to ready and idle
 memory with the demo pipelines loaded (plugin cache warm), and demo-pipeline throughput.
 
-    python benches/edge.py [--label L] [--runner CMD] BINARY [[--label L] [--runner CMD] BINARY ...]
+    python benches/edge.py [--label L] [--runner CMD] [--args FLAGS] BINARY [...]
 
 `--runner` runs the binary under an emulator (`qemu-aarch64 -L /usr/aarch64-linux-gnu`): its
 figures are labelled as emulated by the caller and say nothing absolute about real hardware,
-only about relative regressions. Under qemu-user the memory is the emulator's process, which
+only about relative regressions. `--args` adds flags to that binary's `wisp serve` (e.g.
+`--wasm-compiler pulley`, to compare plugin compilers side by side). Under qemu-user the memory is the emulator's process, which
 includes its translated code. Run through `./dev bench edge [TARGET...]` or
 `./dev cross TARGET bench`, which build the binaries first.
 
@@ -47,7 +48,7 @@ def rss_kib(pid):
     return 0
 
 
-def start(cmd, cache, log):
+def start(cmd, cache, log, extra):
     port = free_port()
     args = [*cmd, "serve", "--model-repository", os.path.join(ROOT, "model_repo"),
             "--http-address", "127.0.0.1", "--http-port", str(port),
@@ -60,6 +61,7 @@ def start(cmd, cache, log):
         # Under qemu-user: its page tracking makes the pooling allocator's address-space
         # reservation cost real gigabytes (see tests/conformance/conftest.py).
         args += ["--wasm-pooling", "false"]
+    args += extra
     began = time.monotonic()
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -127,7 +129,7 @@ def stripped_size(binary, runner):
         return os.path.getsize(copy)
 
 
-def measure(label, binary, runner, seconds):
+def measure(label, binary, runner, extra, seconds):
     from test_edge import FILES, IMAGES
 
     cmd = [*shlex.split(runner or ""), binary]
@@ -137,11 +139,11 @@ def measure(label, binary, runner, seconds):
     row = {"label": label, "size_mb": stripped_size(binary, runner) / 1e6}
     with tempfile.TemporaryDirectory() as cache:
         log = open(os.path.join(ROOT, "target", "edge-bench.log"), "w")
-        proc, _, cold = start(cmd, cache, log)
+        proc, _, cold = start(cmd, cache, log, extra)
         stop(proc)
         ready, rss = [], []
         for i in range(WARM_RUNS):
-            proc, url, took = start(cmd, cache, log)
+            proc, url, took = start(cmd, cache, log, extra)
             ready.append(took)
             time.sleep(2)
             rss.append(rss_kib(proc.pid) / 1024)
@@ -156,7 +158,7 @@ def measure(label, binary, runner, seconds):
 
 
 def main():
-    runs, label, runner, seconds = [], None, None, None
+    runs, label, runner, extra, seconds = [], None, None, [], None
     rest = sys.argv[1:]
     if not rest or rest[0] in ("-h", "--help"):
         print(__doc__)
@@ -167,16 +169,18 @@ def main():
             label = rest.pop(0)
         elif arg == "--runner":
             runner = rest.pop(0)
+        elif arg == "--args":
+            extra = shlex.split(rest.pop(0))
         elif arg == "--seconds":
             # throughput run per pipeline (default 10 s natively, 30 s emulated)
             seconds = float(rest.pop(0))
         else:
-            runs.append((label or os.path.basename(os.path.dirname(arg)), arg, runner))
-            label, runner = None, None
+            runs.append((label or os.path.basename(os.path.dirname(arg)), arg, runner, extra))
+            label, runner, extra = None, None, []
     rows = []
-    for label, binary, runner in runs:
+    for label, binary, runner, extra in runs:
         print(f"edge bench: {label} ({binary})", file=sys.stderr, flush=True)
-        rows.append(measure(label, binary, runner, seconds or (30 if runner else 10)))
+        rows.append(measure(label, binary, runner, extra, seconds or (30 if runner else 10)))
     print(f"| build | stripped size | start to ready, warm cache (median of {WARM_RUNS}) | cold start "
           f"| idle RSS (median) | RSS after load | text_direction req/s | content_type req/s |")
     print("|---|---|---|---|---|---|---|---|")
