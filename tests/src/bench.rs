@@ -1771,6 +1771,36 @@ dynamic_batching { max_queue_delay_microseconds: 500 }
     Ok(())
 }
 
+/// The median round trip of a message to a sleeping thread and back. A request crosses threads
+/// several times (front end, scheduler, instance), so this floor sets much of the added latency
+/// at concurrency 1; it varies between machines and virtual machines by 10× (5 µs on bare
+/// metal, 50 µs on some VMs), so runs on different days compare through it.
+fn wakeup_round_trip() -> Duration {
+    let (to, from_main) = std::sync::mpsc::channel::<()>();
+    let (back, from_echo) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        while from_main.recv().is_ok() {
+            if back.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut lat = Vec::with_capacity(2000);
+    for i in 0..2000 {
+        if i % 100 == 0 {
+            // Let the echo thread go idle now and then, as an instance thread does.
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let t = Instant::now();
+        if to.send(()).is_err() || from_echo.recv().is_err() {
+            break;
+        }
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    lat.get(lat.len() / 2).copied().unwrap_or_default()
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let (engine, choice) = match args.engine.as_str() {
@@ -1784,10 +1814,11 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     println!(
-        "wisp-bench: engine {}, {} s per cell, {} cores\n",
+        "wisp-bench: engine {}, {} s per cell, {} cores; this machine's thread wake-up round trip: p50 {:.1} µs\n",
         backend.engine(),
         args.seconds,
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        wakeup_round_trip().as_secs_f64() * 1e6
     );
     for suite in &args.suites {
         match suite.as_str() {
