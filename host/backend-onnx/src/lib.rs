@@ -353,6 +353,11 @@ fn resolve(target: &[i64], t: &Tensor, prefix: i64) -> Result<Vec<i64>> {
 }
 
 impl Instance for OnnxInstance {
+    /// A session run needs no thread placement and calls no other model.
+    fn runs_on_caller(&self) -> bool {
+        true
+    }
+
     fn execute(
         &mut self,
         batch: &[InferRequest],

@@ -47,6 +47,14 @@ pub trait Instance: Send {
     /// thread placement (CPU pinning) happens. Whoever starts an instance thread calls it; a
     /// call of `execute` from another thread (warm-up on the loader) never does.
     fn on_thread_start(&mut self) {}
+
+    /// Whether a short execution may run on the thread that submits the request instead of
+    /// this instance's own (the scheduler's fast path when the instance is idle and nothing is
+    /// queued). Only for instances that need no thread placement and never block waiting on
+    /// other models; the default is no.
+    fn runs_on_caller(&self) -> bool {
+        false
+    }
 }
 
 /// Where one batch execution spent its time, in nanoseconds (Triton's compute_input,

@@ -100,6 +100,36 @@ struct Shared {
     demand: std::sync::OnceLock<Arc<Vec<AtomicUsize>>>,
     /// The reference point of `busy` marks.
     epoch: Instant,
+    /// A moving average of recent batch execution times, in nanoseconds (0 before the first):
+    /// the caller fast path is only for models whose executions are short.
+    recent_exec_ns: AtomicU64,
+}
+
+/// Longest recent average execution for which a caller may run a request itself.
+const ON_CALLER_MAX_NS: u64 = 100_000;
+/// Largest request (input bytes) a caller may run itself: the size above which front ends
+/// already move work off their async workers.
+const ON_CALLER_MAX_BYTES: usize = 64 * 1024;
+
+/// One instance, shared by the thread started for it and, on the fast path, by a caller.
+struct Slot {
+    /// `None` once its thread has left (retired or stopped).
+    instance: Mutex<Option<Box<dyn Instance>>>,
+    /// When it started the batch it is executing, in nanoseconds since `Shared::epoch` plus
+    /// one; 0 while it waits (a watchdog reads it: see [`Scheduler::longest_execution`]).
+    busy: AtomicU64,
+    /// [`Instance::runs_on_caller`], read once.
+    on_caller: bool,
+}
+
+impl Slot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Box<dyn Instance>>> {
+        // Executions run under `catch_unwind`: a poisoned lock only means a panic elsewhere,
+        // and the instance itself is still whole.
+        self.instance
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// A model version's queue and its instance threads.
@@ -107,10 +137,8 @@ pub struct Scheduler {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     instances: AtomicUsize,
-    /// Per instance thread: when it started the batch it is executing, in nanoseconds since
-    /// `Shared::epoch` plus one; 0 while it waits (a watchdog reads it: see
-    /// [`Scheduler::longest_execution`]).
-    busy: Mutex<Vec<Arc<AtomicU64>>>,
+    /// Every instance started, in start order (those whose thread left hold `None`).
+    slots: Mutex<Vec<Arc<Slot>>>,
 }
 
 /// A request's parameter as an unsigned integer (`priority`, `timeout`).
@@ -158,12 +186,13 @@ impl Scheduler {
             observer,
             demand: std::sync::OnceLock::new(),
             epoch: Instant::now(),
+            recent_exec_ns: AtomicU64::new(0),
         });
         let s = Scheduler {
             shared,
             threads: Mutex::new(Vec::new()),
             instances: AtomicUsize::new(0),
-            busy: Mutex::new(Vec::new()),
+            slots: Mutex::new(Vec::new()),
         };
         s.add_instances(instances)?;
         Ok(s)
@@ -175,11 +204,19 @@ impl Scheduler {
         for instance in instances {
             let shared = self.shared.clone();
             let n = threads.len();
-            let busy = Arc::new(AtomicU64::new(0));
-            self.busy.lock().expect("busy lock").push(busy.clone());
+            let slot = Arc::new(Slot {
+                on_caller: instance.runs_on_caller(),
+                instance: Mutex::new(Some(instance)),
+                busy: AtomicU64::new(0),
+            });
+            self.slots.lock().expect("slots lock").push(slot.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("wisp-{}-{n}", self.shared.model))
-                .spawn(move || run_instance(&shared, instance, n, &busy))
+                .spawn(move || {
+                    run_instance(&shared, &slot, n);
+                    // Dropped here, on its own thread, as before the fast path existed.
+                    slot.lock().take();
+                })
                 .map_err(|e| Error::internal(format!("cannot start instance thread: {e}")))?;
             threads.push(handle);
             self.instances.fetch_add(1, Ordering::SeqCst);
@@ -208,11 +245,11 @@ impl Scheduler {
     /// execution (a wedged backend) shows here, however busy or idle the queue is.
     pub fn longest_execution(&self) -> Option<Duration> {
         let now = self.shared.epoch.elapsed().as_nanos() as u64 + 1;
-        self.busy
+        self.slots
             .lock()
-            .expect("busy lock")
+            .expect("slots lock")
             .iter()
-            .map(|b| b.load(Ordering::Relaxed))
+            .map(|s| s.busy.load(Ordering::Relaxed))
             .filter(|&since| since != 0)
             .map(|since| Duration::from_nanos(now.saturating_sub(since)))
             .max()
@@ -295,6 +332,82 @@ impl Scheduler {
         });
         drop(state);
         sh.ready.notify_all();
+        Ok(())
+    }
+
+    /// As [`Scheduler::enqueue`], except that the request may run on the calling thread before
+    /// this returns, when all of these hold: an instance that allows it
+    /// ([`Instance::runs_on_caller`]) is idle, nothing is queued, the model's recent executions
+    /// averaged at most 100 µs, the request's inputs hold at most 64 KiB, and the policy would
+    /// send a lone request at once (no `preserve_ordering`, no batcher waiting for more). That
+    /// is what the instance thread would do next anyway, minus the hand-off to it and back,
+    /// which is most of what a tiny model's request costs at low load. For callers that may
+    /// spend that long (an async front end's worker, a plugin's thread) and whose `respond`
+    /// takes no lock the execution needs.
+    pub fn enqueue_or_run(&self, request: InferRequest, respond: Responder) -> Result<()> {
+        let sh = &self.shared;
+        let p = &sh.policy;
+        let recent = sh.recent_exec_ns.load(Ordering::Relaxed);
+        let small = || {
+            request
+                .inputs
+                .iter()
+                .try_fold(0usize, |n, t| {
+                    n.checked_add(t.data.len())
+                        .filter(|&n| n <= ON_CALLER_MAX_BYTES)
+                })
+                .is_some()
+        };
+        if p.preserve_ordering
+            || (p.dynamic && !p.max_queue_delay.is_zero())
+            || recent == 0
+            || recent > ON_CALLER_MAX_NS
+            || !small()
+        {
+            return self.enqueue(request, respond);
+        }
+        let slots: Vec<Arc<Slot>> = self
+            .slots
+            .lock()
+            .expect("slots lock")
+            .iter()
+            .filter(|s| s.on_caller)
+            .cloned()
+            .collect();
+        let mut state = sh.state.lock().expect("scheduler lock");
+        if state.stopping || state.queued > 0 || state.retiring > 0 {
+            drop(state);
+            return self.enqueue(request, respond);
+        }
+        let Some(mut instance) = slots.iter().find_map(|s| {
+            let guard = s.instance.try_lock().ok()?;
+            guard.is_some().then_some((s, guard))
+        }) else {
+            drop(state);
+            return self.enqueue(request, respond);
+        };
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        drop(state);
+        sh.inflight.fetch_add(1, Ordering::SeqCst);
+        if let Some(t) = &request.trace {
+            t.mark("QUEUE_START");
+        }
+        let rows = request.batch_size(p.max_batch_size > 0);
+        let job = Job {
+            request,
+            respond,
+            rows,
+            shape_key: 0,
+            enqueued: Instant::now(),
+            deadline: None,
+            seq,
+            affinity: None,
+        };
+        let (slot, guard) = &mut instance;
+        if let Some(i) = guard.as_mut() {
+            run_batch(sh, slot, i.as_mut(), vec![job]);
+        }
         Ok(())
     }
 
@@ -518,8 +631,11 @@ impl Shared {
     }
 }
 
-fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>, me: usize, busy: &AtomicU64) {
-    instance.on_thread_start();
+/// The loop of the thread started for instance `me`, until it retires or the scheduler stops.
+fn run_instance(shared: &Shared, slot: &Slot, me: usize) {
+    if let Some(i) = slot.lock().as_mut() {
+        i.on_thread_start();
+    }
     loop {
         let mut rejected = Vec::new();
         let batch = {
@@ -556,14 +672,32 @@ fn run_instance(shared: &Shared, mut instance: Box<dyn Instance>, me: usize, bus
             shared.finish_failed(job, Error::unavailable(msg), FailReason::Rejected);
         }
         if let Some(batch) = batch {
-            busy.store(
-                shared.epoch.elapsed().as_nanos() as u64 + 1,
-                Ordering::Relaxed,
-            );
-            execute(shared, instance.as_mut(), batch);
-            busy.store(0, Ordering::Relaxed);
+            let mut guard = slot.lock();
+            match guard.as_mut() {
+                Some(i) => run_batch(shared, slot, i.as_mut(), batch),
+                // Only this thread empties its slot, when it leaves: cannot happen.
+                None => {
+                    for job in batch {
+                        let e = Error::internal(format!(
+                            "model '{}': instance {me} is gone",
+                            shared.model
+                        ));
+                        shared.finish_failed(job, e, FailReason::Backend);
+                    }
+                }
+            }
         }
     }
+}
+
+/// Executes `batch` on `slot`'s instance (held by the caller), with the slot marked busy.
+fn run_batch(shared: &Shared, slot: &Slot, instance: &mut dyn Instance, batch: Vec<Job>) {
+    slot.busy.store(
+        shared.epoch.elapsed().as_nanos() as u64 + 1,
+        Ordering::Relaxed,
+    );
+    execute(shared, instance, batch);
+    slot.busy.store(0, Ordering::Relaxed);
 }
 
 fn execute(shared: &Shared, instance: &mut dyn Instance, batch: Vec<Job>) {
@@ -582,6 +716,16 @@ fn execute(shared: &Shared, instance: &mut dyn Instance, batch: Vec<Job>) {
         instance.execute(&requests, &mut timing)
     }));
     let took = started.elapsed().as_nanos() as u64;
+    let recent = shared.recent_exec_ns.load(Ordering::Relaxed);
+    let took_1 = took.max(1);
+    shared.recent_exec_ns.store(
+        if recent == 0 {
+            took_1
+        } else {
+            (recent.saturating_mul(7).saturating_add(took_1)) / 8
+        },
+        Ordering::Relaxed,
+    );
     if timing == ExecTiming::default() {
         timing.infer_ns = took;
     }

@@ -474,3 +474,151 @@ fn a_stuck_execution_shows_in_longest_execution() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Answers every request with no outputs, reporting each request's id and the thread that ran
+/// it; a request whose id starts with `hold` waits for a permit first.
+struct Here {
+    ran: Sender<(String, std::thread::ThreadId)>,
+    permits: Arc<Mutex<Receiver<()>>>,
+    on_caller: bool,
+}
+
+impl Instance for Here {
+    fn execute(
+        &mut self,
+        batch: &[InferRequest],
+        _t: &mut ExecTiming,
+    ) -> Vec<Result<InferResponse>> {
+        for r in batch {
+            if r.id.starts_with("hold") {
+                self.permits
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(WAIT)
+                    .expect("permit");
+            }
+            let _ = self.ran.send((r.id.clone(), std::thread::current().id()));
+        }
+        batch.iter().map(|_| Ok(InferResponse::default())).collect()
+    }
+
+    fn runs_on_caller(&self) -> bool {
+        self.on_caller
+    }
+}
+
+type Ran = Receiver<(String, std::thread::ThreadId)>;
+
+fn here(policy: Policy, on_caller: bool) -> (Arc<Scheduler>, Ran, Sender<()>) {
+    let (ran_tx, ran) = channel();
+    let (permit, permits) = channel();
+    let inst = Here {
+        ran: ran_tx,
+        permits: Arc::new(Mutex::new(permits)),
+        on_caller,
+    };
+    let s = Scheduler::start("test", policy, vec![Box::new(inst)], None).unwrap();
+    (Arc::new(s), ran, permit)
+}
+
+/// `enqueue_or_run` from this thread; returns the receiver of the response.
+fn submit(s: &Scheduler, id: &str) -> Receiver<Result<InferResponse>> {
+    let (tx, rx) = channel();
+    s.enqueue_or_run(
+        req(id, 1, serde_json::json!({})),
+        Box::new(move |r| tx.send(r).unwrap()),
+    )
+    .unwrap();
+    rx
+}
+
+/// Waits (boundedly) until no instance executes, then a little more, so that the instance
+/// thread has let go of its instance after answering.
+fn settle(s: &Scheduler) {
+    let until = Instant::now() + WAIT;
+    while s.longest_execution().is_some() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+}
+
+/// The thread request `id` ran on.
+fn ran_on(ran: &Ran, id: &str) -> std::thread::ThreadId {
+    let (got, thread) = ran.recv_timeout(WAIT).expect("an execution");
+    assert_eq!(got, id);
+    thread
+}
+
+#[test]
+fn a_short_request_to_an_idle_instance_runs_on_the_caller() {
+    let (s, ran, _permit) = here(policy(0, None), true);
+    let me = std::thread::current().id();
+    // Nothing measured yet: the first request goes to the instance thread.
+    submit(&s, "a").recv_timeout(WAIT).unwrap().unwrap();
+    assert_ne!(ran_on(&ran, "a"), me);
+    settle(&s);
+    // Now the model is known to be quick and its instance idle: this thread runs the next,
+    // and its answer is there when `enqueue_or_run` returns.
+    let rx = submit(&s, "b");
+    assert_eq!(ran_on(&ran, "b"), me);
+    rx.try_recv().expect("answered before returning").unwrap();
+    let st = s.stats();
+    assert_eq!(st.execution_count(), 2);
+    assert_eq!(st.success.get().0, 2);
+    assert_eq!(s.inflight(), 0);
+    assert_eq!(s.longest_execution(), None);
+}
+
+#[test]
+fn a_busy_instance_leaves_the_request_to_its_thread() {
+    let (s, ran, permit) = here(policy(0, None), true);
+    let me = std::thread::current().id();
+    submit(&s, "a").recv_timeout(WAIT).unwrap().unwrap();
+    ran_on(&ran, "a");
+    settle(&s);
+    // The instance thread holds "hold" until the permit: "b" must be queued, not run here.
+    let held = {
+        let (tx, rx) = channel();
+        s.enqueue(
+            req("hold", 1, serde_json::json!({})),
+            Box::new(move |r| tx.send(r).unwrap()),
+        )
+        .unwrap();
+        rx
+    };
+    let until = Instant::now() + WAIT;
+    while s.longest_execution().is_none() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Were "b" to wait for the instance here, the permit sent later would let it run on this
+    // thread, which the assertion below catches.
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        permit.send(()).unwrap();
+    });
+    let b = submit(&s, "b");
+    releaser.join().unwrap();
+    let hold_thread = ran_on(&ran, "hold");
+    assert_eq!(ran_on(&ran, "b"), hold_thread);
+    assert_ne!(hold_thread, me);
+    held.recv_timeout(WAIT).unwrap().unwrap();
+    b.recv_timeout(WAIT).unwrap().unwrap();
+}
+
+#[test]
+fn instances_that_do_not_allow_it_or_ordered_policies_never_run_on_the_caller() {
+    let ordered = policy(
+        4,
+        dynamic(|d| {
+            d.preserve_ordering = true;
+        }),
+    );
+    for (policy, on_caller) in [(policy(0, None), false), (ordered, true)] {
+        let (s, ran, _permit) = here(policy, on_caller);
+        let me = std::thread::current().id();
+        for id in ["a", "b", "c"] {
+            submit(&s, id).recv_timeout(WAIT).unwrap().unwrap();
+            assert_ne!(ran_on(&ran, id), me, "{id}");
+        }
+    }
+}

@@ -42,9 +42,11 @@ pub struct ModelVersion {
 impl ModelVersion {
     /// Runs one request through the scheduler and waits for its response without blocking the
     /// async runtime.
+    /// A short request to an idle model may run on the calling worker
+    /// ([`Scheduler::enqueue_or_run`]).
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.enqueue(
+        self.enqueue_or_run(
             request,
             Box::new(move |r| {
                 let _ = tx.send(r);
@@ -71,6 +73,16 @@ impl ModelVersion {
         }
     }
 
+    /// As `enqueue`, but a stateless model's short request may run on this thread when its
+    /// instance is idle: for callers that wait for the answer anyway, with a `respond` that
+    /// only hands the answer over.
+    fn enqueue_or_run(&self, request: InferRequest, respond: Responder) -> Result<()> {
+        match &self.sequencer {
+            Some(s) => s.enqueue(request, respond),
+            None => self.scheduler.enqueue_or_run(request, respond),
+        }
+    }
+
     /// Runs one request through the scheduler from a thread that may block (a plugin's
     /// wasi-nn call), waiting at most until `deadline`.
     pub fn infer_blocking(
@@ -79,7 +91,7 @@ impl ModelVersion {
         deadline: Instant,
     ) -> Result<InferResponse> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.enqueue(
+        self.enqueue_or_run(
             request,
             Box::new(move |r| {
                 let _ = tx.send(r);
