@@ -33,12 +33,13 @@ def wisp_command():
     return [*shlex.split(os.environ.get("WISP_RUNNER", "")), binary]
 
 
-def emulated_args():
-    """Flags for a `wisp` under qemu-user: no pooling allocator. qemu-user tracks every page
-    of a reservation, so the pool's terabytes of PROT_NONE address space cost it gigabytes of
-    real memory (24 GB, then the OOM killer, with 1000 slots); a real device pays nothing."""
+def env_args():
+    """Flags every server a test starts gets from the environment:
+    - under qemu-user (`WISP_RUNNER` set), no pooling allocator: qemu-user tracks every page of
+      a reservation, so the pool's terabytes of PROT_NONE address space cost it gigabytes of
+      real memory (24 GB, then the OOM killer, with 1000 slots); a real device pays nothing;
+    - then whatever `WISP_ARGS` holds (for example `--wasm-compiler pulley`)."""
     emulated = ["--wasm-pooling", "false"] if os.environ.get("WISP_RUNNER") else []
-    # WISP_ARGS: flags for every server a test starts (e.g. `--wasm-compiler pulley`).
     return emulated + shlex.split(os.environ.get("WISP_ARGS", ""))
 
 
@@ -51,7 +52,7 @@ def start_wisp(repo, engine, log_name, extra_args=(), ready_within=None):
     log = open(os.path.join(ROOT, "target", log_name), "w")
     proc = subprocess.Popen(
         [*wisp_command(), "serve", "--model-repository", str(repo),
-         "--http-address", "127.0.0.1", "--http-port", str(port), "--metrics-port", str(free_port()), "--grpc-port", str(grpc_port), "--onnx-engine", engine, *emulated_args(), *extra_args],
+         "--http-address", "127.0.0.1", "--http-port", str(port), "--metrics-port", str(free_port()), "--grpc-port", str(grpc_port), "--onnx-engine", engine, *env_args(), *extra_args],
         stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"127.0.0.1:{port}"

@@ -17,7 +17,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import ROOT, emulated_args, free_port, wisp_command
+from conftest import ROOT, env_args, free_port, wisp_command
 
 TEMPLATE = os.path.join(ROOT, "deploy", "nginx", "wisp.conf")
 MODEL = "add_sub"
@@ -50,7 +50,7 @@ class Replica:
              "--http-address", "127.0.0.1", "--http-port", str(self.http_port),
              "--grpc-port", str(self.grpc_port), "--metrics-port", str(free_port()),
              "--model-control-mode", "explicit", "--load-model", MODEL,
-             "--onnx-engine", self.engine, "--exit-timeout-secs", "10", *emulated_args()],
+             "--onnx-engine", self.engine, "--exit-timeout-secs", "10", *env_args()],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.time() + ready_within

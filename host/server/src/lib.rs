@@ -51,7 +51,7 @@ struct Resolved {
     http_tls: Option<tokio_rustls::TlsAcceptor>,
     grpc_tls: Option<tokio_rustls::TlsAcceptor>,
     trace: service::trace::TraceConfig,
-    wasm_compiler: wisp_plugin_runtime::WasmCompiler,
+    wasm_compiler: WasmCompiler,
 }
 
 /// The value, or `None` with its error noted.
