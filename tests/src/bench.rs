@@ -2,7 +2,8 @@
 //!
 //! - `http`: the server over HTTP with binary tensors vs the same backend called in-process with
 //!   no server (the limit), for the tiny `add_sub` and the MobileNet-class PP-OCR direction
-//!   classifier of `model_repo/`, at concurrency 1, 4, 16.
+//!   classifier of `model_repo/`, at concurrency 1, 4, 16; and, per model, the same client's
+//!   `GET /v2/health/live` at concurrency 1, the floor any request over HTTP pays here.
 //! - `batching`: the PP-OCR classifier over HTTP binary at concurrency 1, 8, 32 with (a) no
 //!   batching and one instance, (b) the dynamic batcher, against (c) the backend in-process at
 //!   its best batch size.
@@ -325,10 +326,45 @@ fn http_suite(
                 us(s.p50) - us(inproc.p50),
             );
         }
+        let floor = rt.block_on(protocol_floor(addr, args.seconds))?;
+        println!(
+            "| {} | 1 | GET /v2/health/live, the protocol's floor | | | {:.0} | {:.0} | {:.0} | | |",
+            m.name,
+            floor.rps,
+            us(floor.p50),
+            us(floor.p99),
+        );
         rt.block_on(server.shutdown())?;
     }
     println!();
+    println!(
+        "(the health rows: the same client and server answering `GET /v2/health/live` at \
+         concurrency 1, the cost of HTTP, loopback TCP and the client themselves; an inference's \
+         added p50 above that row's p50 is what the inference path adds)\n"
+    );
     Ok(())
+}
+
+/// One client sending `GET /v2/health/live` back to back for `secs`: the round trip that every
+/// request over HTTP pays before any inference, here.
+async fn protocol_floor(addr: std::net::SocketAddr, secs: f64) -> anyhow::Result<Stats> {
+    let task = tokio::spawn(async move {
+        let mut c = Client::connect(addr).await?;
+        let warm = Instant::now();
+        while warm.elapsed().as_secs_f64() < secs / 4.0 {
+            c.get("/v2/health/live").await?;
+        }
+        let mut lat = Vec::new();
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < secs && lat.len() < 200_000 {
+            let t = Instant::now();
+            let r = c.get("/v2/health/live").await?;
+            lat.push(t.elapsed());
+            anyhow::ensure!(r.status == 200, "health: HTTP {}", r.status);
+        }
+        Ok::<_, anyhow::Error>((lat, start.elapsed()))
+    });
+    gather(vec![task]).await
 }
 
 /// A copy of `model_repo/ppocr_cls` with `extra` config lines (instance count 1 throughout).
