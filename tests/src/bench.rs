@@ -209,9 +209,30 @@ async fn over_http(
     cap: usize,
 ) -> anyhow::Result<Stats> {
     let (body, n) = binary_request(&m.input, true);
-    let body = bytes::Bytes::from(body);
-    let path = Arc::new(format!("/v2/models/{}/infer", m.name));
-    let headers = Arc::new(vec![("inference-header-content-length", n.to_string())]);
+    let headers = vec![("inference-header-content-length", n.to_string())];
+    let path = format!("/v2/models/{}/infer", m.name);
+    http_load(addr, "POST", path, headers, body.into(), conc, secs, cap).await
+}
+
+/// `conc` clients, each on its own keep-alive connection, sending `method path` back to back:
+/// a quarter of `secs` to warm up, then up to `secs` (and `cap` requests in all) measured, each
+/// answer required to be 200.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one request and one load, spelled out"
+)]
+async fn http_load(
+    addr: std::net::SocketAddr,
+    method: &'static str,
+    path: String,
+    headers: Vec<(&'static str, String)>,
+    body: bytes::Bytes,
+    conc: usize,
+    secs: f64,
+    cap: usize,
+) -> anyhow::Result<Stats> {
+    let path = Arc::new(path);
+    let headers = Arc::new(headers);
     let mut tasks = Vec::new();
     let per_task_cap = cap.div_ceil(conc);
     for _ in 0..conc {
@@ -220,13 +241,13 @@ async fn over_http(
             let mut c = Client::connect(addr).await?;
             let warm = Instant::now();
             while warm.elapsed().as_secs_f64() < secs / 4.0 {
-                c.send("POST", &path, &headers, body.clone()).await?;
+                c.send(method, &path, &headers, body.clone()).await?;
             }
             let mut lat = Vec::new();
             let start = Instant::now();
             while start.elapsed().as_secs_f64() < secs && lat.len() < per_task_cap {
                 let t = Instant::now();
-                let r = c.send("POST", &path, &headers, body.clone()).await?;
+                let r = c.send(method, &path, &headers, body.clone()).await?;
                 lat.push(t.elapsed());
                 anyhow::ensure!(
                     r.status == 200,
@@ -326,7 +347,18 @@ fn http_suite(
                 us(s.p50) - us(inproc.p50),
             );
         }
-        let floor = rt.block_on(protocol_floor(addr, args.seconds))?;
+        // One client sending `GET /v2/health/live` back to back: the round trip that every
+        // request over HTTP pays before any inference, here.
+        let floor = rt.block_on(http_load(
+            addr,
+            "GET",
+            "/v2/health/live".into(),
+            Vec::new(),
+            bytes::Bytes::new(),
+            1,
+            args.seconds,
+            args.max_requests,
+        ))?;
         println!(
             "| {} | 1 | GET /v2/health/live, the protocol's floor | | | {:.0} | {:.0} | {:.0} | | |",
             m.name,
@@ -343,28 +375,6 @@ fn http_suite(
          added p50 above that row's p50 is what the inference path adds)\n"
     );
     Ok(())
-}
-
-/// One client sending `GET /v2/health/live` back to back for `secs`: the round trip that every
-/// request over HTTP pays before any inference, here.
-async fn protocol_floor(addr: std::net::SocketAddr, secs: f64) -> anyhow::Result<Stats> {
-    let task = tokio::spawn(async move {
-        let mut c = Client::connect(addr).await?;
-        let warm = Instant::now();
-        while warm.elapsed().as_secs_f64() < secs / 4.0 {
-            c.get("/v2/health/live").await?;
-        }
-        let mut lat = Vec::new();
-        let start = Instant::now();
-        while start.elapsed().as_secs_f64() < secs && lat.len() < 200_000 {
-            let t = Instant::now();
-            let r = c.get("/v2/health/live").await?;
-            lat.push(t.elapsed());
-            anyhow::ensure!(r.status == 200, "health: HTTP {}", r.status);
-        }
-        Ok::<_, anyhow::Error>((lat, start.elapsed()))
-    });
-    gather(vec![task]).await
 }
 
 /// A copy of `model_repo/ppocr_cls` with `extra` config lines (instance count 1 throughout).
