@@ -161,9 +161,10 @@ fn in_process(
         name: name.into(),
         path: repo.join(name),
     };
-    let cfg = prepare_config(&dir, backend, true).map_err(|e| anyhow!("{e}"))?;
+    let spec = prepare_config(&dir, backend, true).map_err(|e| anyhow!("{e}"))?;
+    let cfg = &*spec.config;
     let loaded = backend
-        .load(&cfg, &model_file(&dir.path, 1, &cfg))
+        .load(&spec, &model_file(&dir.path, 1, cfg))
         .map_err(|e| anyhow!("{e}"))?;
     let mut inst = loaded.new_instance(0).map_err(|e| anyhow!("{e}"))?;
     let req = InferRequest {
@@ -776,9 +777,10 @@ output [ { name: "PIXELS" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
         name: "preprocess".into(),
         path: repo.path().join("preprocess"),
     };
-    let cfg = prepare_config(&dir, backend, true).map_err(|e| anyhow!("{e}"))?;
+    let spec = prepare_config(&dir, backend, true).map_err(|e| anyhow!("{e}"))?;
+    let cfg = &*spec.config;
     let loaded = wasm_backend
-        .load(&cfg, &model_file(&dir.path, 1, &cfg))
+        .load(&spec, &model_file(&dir.path, 1, cfg))
         .map_err(|e| anyhow!("{e}"))?;
     let mut inst = loaded.new_instance(0).map_err(|e| anyhow!("{e}"))?;
     let opts = plugin_imaging::Options::default();
@@ -839,8 +841,9 @@ output [ { name: "PIXELS" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
             name: model.into(),
             path: repo.path().join(model),
         };
-        let cfg = prepare_config(&dir, backend, true).map_err(|e| anyhow!("{e}"))?;
-        let file = model_file(&dir.path, 1, &cfg);
+        let spec = prepare_config(&dir, backend, true).map_err(|e| anyhow!("{e}"))?;
+        let cfg = &*spec.config;
+        let file = model_file(&dir.path, 1, cfg);
         let (mut cold, mut cached, mut link) = (Vec::new(), Vec::new(), Vec::new());
         let mut loaded = None;
         for _ in 0..5 {
@@ -850,12 +853,12 @@ output [ { name: "PIXELS" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
                 ..Default::default()
             };
             let (_, t) = WasmBackend::new(options(), None)
-                .load_timed(&cfg, &file)
+                .load_timed(&spec, &file)
                 .map_err(|e| anyhow!("{e}"))?;
             anyhow::ensure!(t.source == wisp_plugin_runtime::CompileSource::Compiled);
             cold.push(t.compile);
             let (m, t) = WasmBackend::new(options(), None)
-                .load_timed(&cfg, &file)
+                .load_timed(&spec, &file)
                 .map_err(|e| anyhow!("{e}"))?;
             anyhow::ensure!(t.source == wisp_plugin_runtime::CompileSource::Cache);
             cached.push(t.compile);
@@ -1387,7 +1390,8 @@ fn languages_suite(
             name: model.into(),
             path: repo.path().join(model),
         };
-        let cfg = prepare_config(&dir, &wasm, true).map_err(|e| anyhow!("{e}"))?;
+        let spec = prepare_config(&dir, &wasm, true).map_err(|e| anyhow!("{e}"))?;
+        let cfg = &*spec.config;
         let (mut cold, mut cached, mut inst) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..3 {
             let cache = tempfile::tempdir()?;
@@ -1396,11 +1400,11 @@ fn languages_suite(
                 ..Default::default()
             };
             let (_, t) = WasmBackend::new(options(), None)
-                .load_timed(&cfg, &model_file(&dir.path, 1, &cfg))
+                .load_timed(&spec, &model_file(&dir.path, 1, cfg))
                 .map_err(|e| anyhow!("{e}"))?;
             cold.push(t.compile);
             let (m, t) = WasmBackend::new(options(), None)
-                .load_timed(&cfg, &model_file(&dir.path, 1, &cfg))
+                .load_timed(&spec, &model_file(&dir.path, 1, cfg))
                 .map_err(|e| anyhow!("{e}"))?;
             anyhow::ensure!(t.source == wisp_plugin_runtime::CompileSource::Cache);
             cached.push(t.compile);

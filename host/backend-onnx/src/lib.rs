@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
-use wisp_core::config::{IoSpec, ModelConfig, ModelIo};
+use wisp_core::config::{IoSpec, ModelConfig, ModelIo, ModelSpec};
 use wisp_core::tensor::{concat_batch, element_count, split_batch};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
 
@@ -95,26 +95,16 @@ impl Backend for OnnxBackend {
         tract_engine::describe(model_file)
     }
 
-    fn load(&self, config: &ModelConfig, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
+    fn load(&self, model: &ModelSpec, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
+        let config = &*model.config;
         let io = tract_engine::describe(model_file)?;
         let spec = Arc::new(Spec::new(config, &io)?);
-        let threads = |key: &str, default: usize| -> Result<usize> {
-            match config.parameter(key) {
-                None | Some("") => Ok(default),
-                Some(v) => v.parse::<usize>().map_err(|_| {
-                    Error::invalid(format!(
-                        "model '{}': parameters.{key} must be a non-negative integer, got '{v}'",
-                        config.name
-                    ))
-                }),
-            }
-        };
         let instances = config.instance_count().max(1);
-        let intra = threads(
-            "intra_op_thread_count",
-            (self.default_threads / instances).max(1),
-        )?;
-        let inter = threads("inter_op_thread_count", 1)?;
+        let threads = model.params.onnx;
+        let intra = threads
+            .intra_op
+            .unwrap_or((self.default_threads / instances).max(1));
+        let inter = threads.inter_op.unwrap_or(1);
         let engine: Engine = match &self.ort {
             Some(ort) => Engine::Ort(ort.prepare(model_file, intra, inter)?),
             None => Engine::Tract(Arc::new(tract_engine::TractModel::load(model_file, &spec)?)),

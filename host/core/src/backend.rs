@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::config::{ModelConfig, ModelIo};
+use crate::config::{ModelIo, ModelSpec};
 use crate::error::Result;
 use crate::infer::{InferRequest, InferResponse};
 
@@ -14,8 +14,8 @@ use crate::infer::{InferRequest, InferResponse};
 pub trait Backend: Send + Sync {
     /// The inputs and outputs the model file declares.
     fn describe(&self, model_file: &Path) -> Result<ModelIo>;
-    /// Loads one version of a model from `model_file` with its validated config.
-    fn load(&self, config: &ModelConfig, model_file: &Path) -> Result<Box<dyn LoadedModel>>;
+    /// Loads one version of a model from `model_file` with its validated spec.
+    fn load(&self, spec: &ModelSpec, model_file: &Path) -> Result<Box<dyn LoadedModel>>;
 }
 
 /// One loaded model version, shared by its instances.

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, HasSelf, Linker};
 use wisp_core::backend::{Backend, Instance, LoadedModel};
-use wisp_core::config::{ModelConfig, ModelIo};
+use wisp_core::config::{ModelIo, ModelSpec};
 use wisp_core::env::{EnvSource, ProcessEnv};
 use wisp_core::{Error, InferRequest, InferResponse, Result};
 
@@ -161,9 +161,10 @@ impl WasmBackend {
     /// Loads a version and reports where the time went.
     pub fn load_timed(
         &self,
-        config: &ModelConfig,
+        spec: &ModelSpec,
         model_file: &Path,
     ) -> Result<(WasmModel, LoadTimes)> {
+        let config = &*spec.config;
         let name = &config.name;
         let version = model_file
             .parent()
@@ -171,11 +172,11 @@ impl WasmBackend {
             .and_then(|n| n.to_str())
             .unwrap_or("")
             .to_string();
-        let model_dir = model_file
-            .parent()
-            .and_then(Path::parent)
-            .unwrap_or(Path::new("."));
-        let limits = Limits::from_config(config, model_dir, &*self.env)?;
+        // Read and checked with the config; the variables it grants are read now.
+        let limits = match &spec.params.sandbox {
+            Some(sandbox) => Limits::new(sandbox, &*self.env),
+            None => Limits::new(&Default::default(), &*self.env),
+        };
         if config.input.is_empty() || config.output.is_empty() {
             return Err(Error::invalid(format!(
                 "model '{name}': a wasm model declares its inputs and outputs in config.pbtxt, or describes them itself (wisp:plugin@0.2.0 `describe`)"
@@ -201,7 +202,7 @@ impl WasmBackend {
         let shared = instance::Shared {
             name: name.as_str().into(),
             version,
-            config: Arc::new(config.clone()),
+            config: spec.config.clone(),
             limits,
             pre,
             caller: self.caller.clone(),
@@ -384,8 +385,8 @@ impl Backend for WasmBackend {
         Ok(signature_io(sig))
     }
 
-    fn load(&self, config: &ModelConfig, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
-        Ok(Box::new(self.load_timed(config, model_file)?.0))
+    fn load(&self, spec: &ModelSpec, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
+        Ok(Box::new(self.load_timed(spec, model_file)?.0))
     }
 }
 

@@ -6,32 +6,19 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use wisp_core::config::params::{
+    Sandbox, CLOCK_KEY, ENV_KEY, FUEL_KEY, MAX_MEMORY_MB, MEMORY_LIMIT_KEY, READ_DIR_KEY,
+    SANDBOX_KEYS, TIMEOUT_KEY,
+};
 use wisp_core::config::ModelConfig;
 use wisp_core::env::EnvSource;
 use wisp_core::{Error, Result};
 
-/// Per-instance linear-memory cap (`wasm.memory_limit_mb`, default 256).
-pub const MEMORY_LIMIT_KEY: &str = "wasm.memory_limit_mb";
-/// Per-`execute` deadline in milliseconds (`wasm.timeout_ms`, default 5000).
-pub const TIMEOUT_KEY: &str = "wasm.timeout_ms";
-/// Fuel (instructions, roughly) per `execute`; 0 or absent = unmetered (`wasm.fuel`).
-pub const FUEL_KEY: &str = "wasm.fuel";
-/// Comma-separated names of server environment variables the plugin may read (`wasm.allow_env`).
-pub const ENV_KEY: &str = "wasm.allow_env";
-/// `true` gives the plugin the real wall and monotonic clocks (`wasm.allow_clock`).
-pub const CLOCK_KEY: &str = "wasm.allow_clock";
-/// A directory, relative to the model directory, mounted read-only at `/data`
-/// (`wasm.allow_read_dir`).
-pub const READ_DIR_KEY: &str = "wasm.allow_read_dir";
-
 /// Where a granted directory appears inside the plugin.
 pub const GUEST_DATA_DIR: &str = "/data";
 
-/// The largest memory cap a model may ask for (the pooling allocator reserves this much address
-/// space per memory slot).
-pub const MAX_MEMORY_MB: u64 = 4096;
-
-/// A model's sandbox settings.
+/// A model's sandbox settings, as its instances apply them: the config's [`Sandbox`] with the
+/// values of the environment variables it grants.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
     /// Linear-memory cap per instance, in bytes.
@@ -50,101 +37,27 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            memory_bytes: 256 << 20,
-            timeout: Duration::from_millis(5000),
-            fuel: None,
-            env: Vec::new(),
-            clock: false,
-            read_dir: None,
-        }
-    }
-}
-
-fn uint(cfg: &ModelConfig, key: &str) -> Result<Option<u64>> {
-    match cfg.parameter(key).map(str::trim) {
-        None | Some("") => Ok(None),
-        Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
-            Error::invalid(format!(
-                "model '{}': parameters.{key} must be a non-negative integer, got '{v}'",
-                cfg.name
-            ))
-        }),
+        Limits::new(&Sandbox::default(), &std::collections::HashMap::new())
     }
 }
 
 impl Limits {
-    /// Reads the `wasm.*` parameters of `cfg`; `model_dir` anchors `wasm.allow_read_dir`, and
-    /// the variables `wasm.allow_env` grants are read from `env`.
-    pub fn from_config(cfg: &ModelConfig, model_dir: &Path, env: &dyn EnvSource) -> Result<Self> {
-        let mut limits = Limits::default();
-        if let Some(mb) = uint(cfg, MEMORY_LIMIT_KEY)? {
-            if mb == 0 || mb > MAX_MEMORY_MB {
-                return Err(Error::invalid(format!(
-                    "model '{}': parameters.{MEMORY_LIMIT_KEY} must be between 1 and {MAX_MEMORY_MB}, got {mb}",
-                    cfg.name
-                )));
-            }
-            limits.memory_bytes = (mb as usize) << 20;
+    /// The limits of `sandbox`, with the variables it grants read from `env` now (a granted
+    /// variable that `env` does not hold is left out).
+    pub fn new(sandbox: &Sandbox, env: &dyn EnvSource) -> Self {
+        Limits {
+            memory_bytes: sandbox.memory_bytes,
+            timeout: sandbox.timeout,
+            fuel: sandbox.fuel,
+            env: sandbox
+                .allow_env
+                .iter()
+                .filter_map(|name| env.var(name).map(|value| (name.clone(), value)))
+                .collect(),
+            clock: sandbox.clock,
+            read_dir: sandbox.read_dir.clone(),
         }
-        if let Some(ms) = uint(cfg, TIMEOUT_KEY)? {
-            if ms == 0 {
-                return Err(Error::invalid(format!(
-                    "model '{}': parameters.{TIMEOUT_KEY} must be at least 1",
-                    cfg.name
-                )));
-            }
-            limits.timeout = Duration::from_millis(ms);
-        }
-        limits.fuel = uint(cfg, FUEL_KEY)?.filter(|&f| f > 0);
-        if let Some(names) = cfg.parameter(ENV_KEY) {
-            for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                if let Some(value) = env.var(name) {
-                    limits.env.push((name.to_string(), value));
-                }
-            }
-        }
-        limits.clock = match cfg.parameter(CLOCK_KEY).map(str::trim) {
-            None | Some("") | Some("false") => false,
-            Some("true") => true,
-            Some(v) => {
-                return Err(Error::invalid(format!(
-                    "model '{}': parameters.{CLOCK_KEY} must be true or false, got '{v}'",
-                    cfg.name
-                )))
-            }
-        };
-        if let Some(dir) = cfg.parameter(READ_DIR_KEY).filter(|d| !d.trim().is_empty()) {
-            let path = wisp_core::repository::confine(model_dir, dir.trim()).map_err(|why| {
-                Error::invalid(format!(
-                    "model '{}': parameters.{READ_DIR_KEY}: {why}",
-                    cfg.name
-                ))
-            })?;
-            if !path.is_dir() {
-                return Err(Error::invalid(format!(
-                    "model '{}': parameters.{READ_DIR_KEY}: {} is not a directory",
-                    cfg.name,
-                    path.display()
-                )));
-            }
-            limits.read_dir = Some(path);
-        }
-        Ok(limits)
     }
-}
-
-/// The `wasm.allow_env` names of a config, trimmed, empty names dropped.
-fn env_names(cfg: &ModelConfig) -> Vec<&str> {
-    cfg.parameter(ENV_KEY)
-        .map(|names| {
-            names
-                .split(',')
-                .map(str::trim)
-                .filter(|n| !n.is_empty())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The most elements a plugin's table may grow to.
@@ -221,10 +134,11 @@ pub fn check_override_narrows(
             over.name
         )))
     };
-    // Only the names of granted variables are compared, never their values.
-    let no_env = std::collections::HashMap::new();
-    let b = Limits::from_config(base, model_dir, &no_env)?;
-    let o = Limits::from_config(over, model_dir, &no_env)?;
+    let read = |cfg: &ModelConfig| {
+        Sandbox::of(cfg, model_dir)
+            .map_err(|e| Error::invalid(format!("model '{}': {}: {}", cfg.name, e.path, e.message)))
+    };
+    let (b, o) = (read(base)?, read(over)?);
     if o.memory_bytes > b.memory_bytes {
         return deny(
             MEMORY_LIMIT_KEY,
@@ -252,8 +166,8 @@ pub fn check_override_narrows(
     if o.clock && !b.clock {
         return deny(CLOCK_KEY, "the repository does not grant the clock".into());
     }
-    let granted = env_names(base);
-    if let Some(extra) = env_names(over).into_iter().find(|n| !granted.contains(n)) {
+    // Only the names of granted variables are compared, never their values.
+    if let Some(extra) = o.allow_env.iter().find(|n| !b.allow_env.contains(n)) {
         return deny(ENV_KEY, format!("'{extra}' is not granted"));
     }
     if let Some(dir) = &o.read_dir {
@@ -268,18 +182,11 @@ pub fn check_override_narrows(
             );
         }
     }
-    if let Some(key) = over.parameters.keys().find(|k| {
-        k.starts_with("wasm.")
-            && ![
-                MEMORY_LIMIT_KEY,
-                TIMEOUT_KEY,
-                FUEL_KEY,
-                ENV_KEY,
-                CLOCK_KEY,
-                READ_DIR_KEY,
-            ]
-            .contains(&k.as_str())
-    }) {
+    if let Some(key) = over
+        .parameters
+        .keys()
+        .find(|k| k.starts_with("wasm.") && !SANDBOX_KEYS.contains(&k.as_str()))
+    {
         return Err(Error::invalid(format!(
             "model '{}': unknown sandbox parameter '{key}'",
             over.name
@@ -292,7 +199,6 @@ pub fn check_override_narrows(
 mod tests {
     use super::*;
     use wisp_core::config::ModelParameter;
-    use wisp_core::env::ProcessEnv;
 
     fn cfg(params: &[(&str, &str)]) -> ModelConfig {
         let mut c = ModelConfig {
@@ -311,57 +217,28 @@ mod tests {
     }
 
     #[test]
-    fn defaults_deny_everything() {
-        let l = Limits::from_config(&cfg(&[]), Path::new("."), &ProcessEnv).unwrap();
-        assert_eq!(l, Limits::default());
-        assert!(l.env.is_empty() && !l.clock && l.read_dir.is_none() && l.fuel.is_none());
-    }
-
-    #[test]
-    fn reads_grants_and_limits() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("assets")).unwrap();
-        let l = Limits::from_config(
-            &cfg(&[
-                (MEMORY_LIMIT_KEY, "16"),
-                (TIMEOUT_KEY, "250"),
-                (FUEL_KEY, "1000"),
-                (ENV_KEY, "WISP_LIMITS_TEST_VAR, WISP_LIMITS_UNSET_VAR"),
-                (CLOCK_KEY, "true"),
-                (READ_DIR_KEY, "assets"),
-            ]),
-            dir.path(),
-            &std::collections::HashMap::from([(
-                "WISP_LIMITS_TEST_VAR".to_string(),
-                "yes".to_string(),
-            )]),
-        )
-        .unwrap();
-        assert_eq!(l.memory_bytes, 16 << 20);
-        assert_eq!(l.timeout, Duration::from_millis(250));
-        assert_eq!(l.fuel, Some(1000));
+    fn granted_variables_are_read_when_limits_are_made() {
+        let sandbox = Sandbox {
+            allow_env: vec![
+                "WISP_LIMITS_TEST_VAR".into(),
+                "WISP_LIMITS_UNSET_VAR".into(),
+            ],
+            fuel: Some(1000),
+            ..Sandbox::default()
+        };
+        let env = std::collections::HashMap::from([(
+            "WISP_LIMITS_TEST_VAR".to_string(),
+            "yes".to_string(),
+        )]);
+        let l = Limits::new(&sandbox, &env);
         assert_eq!(
             l.env,
             vec![("WISP_LIMITS_TEST_VAR".to_string(), "yes".to_string())]
         );
-        assert!(l.clock);
-        assert_eq!(l.read_dir, Some(dir.path().join("assets")));
-    }
-
-    #[test]
-    fn bad_values_name_the_key() {
-        for (k, v) in [
-            (MEMORY_LIMIT_KEY, "0"),
-            (MEMORY_LIMIT_KEY, "99999"),
-            (TIMEOUT_KEY, "soon"),
-            (CLOCK_KEY, "yes"),
-            (READ_DIR_KEY, "missing"),
-            (READ_DIR_KEY, "/"),
-            (READ_DIR_KEY, ".."),
-        ] {
-            let e = Limits::from_config(&cfg(&[(k, v)]), Path::new("."), &ProcessEnv).unwrap_err();
-            assert!(e.message().contains(k), "{k}={v}: {}", e.message());
-        }
+        assert_eq!(l.fuel, Some(1000));
+        let d = Limits::default();
+        assert!(d.env.is_empty() && !d.clock && d.read_dir.is_none() && d.fuel.is_none());
+        assert_eq!(d.memory_bytes, 256 << 20);
     }
 
     #[test]

@@ -492,8 +492,24 @@ fn run_once(file: &Path, config: Option<&Path>, inputs: &[String]) -> anyhow::Re
         ..Default::default()
     };
     wisp_core::infer::validate(&request, &cfg).map_err(|e| anyhow::anyhow!("{}", e.message()))?;
+    // One plugin run directly, with the sandbox its config asks for and no scheduler.
+    let model_dir = file
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."));
+    let sandbox = config::params::Sandbox::of(&cfg, model_dir)
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
+    let spec = config::ModelSpec {
+        config: std::sync::Arc::new(cfg),
+        steps: std::sync::Arc::from([]),
+        sequence: None,
+        params: std::sync::Arc::new(config::params::Params {
+            sandbox: Some(sandbox),
+            ..Default::default()
+        }),
+    };
     let loaded = backend
-        .load(&cfg, file)
+        .load(&spec, file)
         .map_err(|e| anyhow::anyhow!("{}", e.message()))?;
     let mut instance =
         LoadedModel::new_instance(&*loaded, 0).map_err(|e| anyhow::anyhow!("{}", e.message()))?;

@@ -10,6 +10,7 @@
 //! `/config` endpoint) and listed by [`ModelConfig::unsupported_fields`] so the loader warns.
 
 pub mod ensemble;
+pub mod params;
 mod schema;
 pub mod sequence;
 
@@ -740,6 +741,8 @@ pub struct ModelSpec {
     pub steps: Arc<[ensemble::EnsembleStep]>,
     /// `sequence_batching`, when set.
     pub sequence: Option<sequence::SequenceBatching>,
+    /// The parameters Wisp reads (`wasm.*`, `openai.*`, `sla.*`), typed.
+    pub params: Arc<params::Params>,
 }
 
 /// Checks a normalized config, reporting every problem found; a config that passes comes back
@@ -749,17 +752,19 @@ pub fn validate(
     dir_name: &str,
     model_dir: &Path,
 ) -> Result<ModelSpec, ConfigErrors> {
-    let (steps, sequence) = check(&cfg, dir_name, model_dir)?;
+    let (steps, sequence, params) = check(&cfg, dir_name, model_dir)?;
     Ok(ModelSpec {
         config: Arc::new(cfg),
         steps: steps.into(),
         sequence,
+        params: Arc::new(params),
     })
 }
 
 type Checked = (
     Vec<ensemble::EnsembleStep>,
     Option<sequence::SequenceBatching>,
+    params::Params,
 );
 
 fn check(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<Checked, ConfigErrors> {
@@ -840,10 +845,16 @@ fn check(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<Checked,
     if let Err(why) = check_model_filename(&cfg.default_model_filename, model_dir) {
         err("default_model_filename".into(), why);
     }
-    for (key, value) in &cfg.parameters {
-        if key == "wasm.allow_read_dir" && !value.string_value.trim().is_empty() {
-            if let Err(why) = crate::repository::confine(model_dir, value.string_value.trim()) {
-                err(format!("parameters.{key}"), why);
+    let mut param_errs = Vec::new();
+    let params = params::read(cfg, model_dir, wasm, &mut param_errs);
+    for e in param_errs {
+        err(e.path, e.message);
+    }
+    if !wasm {
+        // Not read for other models, but a path out of the model directory is refused anyway.
+        if let Some(dir) = cfg.parameter_set(params::READ_DIR_KEY) {
+            if let Err(why) = crate::repository::confine(model_dir, dir) {
+                err(format!("parameters.{}", params::READ_DIR_KEY), why);
             }
         }
     }
@@ -1180,7 +1191,7 @@ fn check(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<Checked,
         }
     }
     if errs.is_empty() {
-        Ok((steps, sequence))
+        Ok((steps, sequence, params))
     } else {
         Err(ConfigErrors {
             model: dir_name.to_string(),

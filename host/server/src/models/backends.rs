@@ -5,7 +5,7 @@ use std::path::Path;
 
 use wisp_backend_onnx::OnnxBackend;
 use wisp_core::backend::{Backend, LoadedModel};
-use wisp_core::config::{ModelConfig, ModelIo};
+use wisp_core::config::{ModelIo, ModelSpec};
 use wisp_core::Result;
 use wisp_plugin_runtime::WasmBackend;
 
@@ -29,13 +29,13 @@ impl Backend for Backends {
         }
     }
 
-    fn load(&self, config: &ModelConfig, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
-        if config.is_wasm() {
-            self.wasm.load(config, model_file)
-        } else if config.is_ensemble() {
-            self.ensemble.load(config, model_file)
+    fn load(&self, spec: &ModelSpec, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
+        if spec.config.is_wasm() {
+            self.wasm.load(spec, model_file)
+        } else if spec.config.is_ensemble() {
+            self.ensemble.load(spec, model_file)
         } else {
-            self.onnx.load(config, model_file)
+            self.onnx.load(spec, model_file)
         }
     }
 }

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::{mpsc, Arc};
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
-use wisp_core::config::{type_name, ModelConfig, ModelIo};
+use wisp_core::config::{type_name, ModelConfig, ModelIo, ModelSpec};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
 use wisp_scheduler::ensemble::{Plan, Progress, Run, Step};
 
@@ -212,11 +212,10 @@ impl Backend for EnsembleBackend {
         ))
     }
 
-    fn load(&self, config: &ModelConfig, _model_file: &Path) -> Result<Box<dyn LoadedModel>> {
-        // Read and checked when the config was validated.
-        let steps = wisp_core::config::ensemble::steps(config).map_err(|errs| {
-            Error::invalid(format!("ensemble '{}': {}", config.name, errs.join("; ")))
-        })?;
+    fn load(&self, spec: &ModelSpec, _model_file: &Path) -> Result<Box<dyn LoadedModel>> {
+        let config = &*spec.config;
+        // Read and checked (a DAG) when the config was validated.
+        let steps = spec.steps.to_vec();
         let inputs: Vec<String> = config.input.iter().map(|i| i.name.clone()).collect();
         let outputs: Vec<String> = config.output.iter().map(|o| o.name.clone()).collect();
         let plan = Plan::new(&config.name, &inputs, &outputs, steps)?;

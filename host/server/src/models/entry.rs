@@ -29,8 +29,9 @@ pub struct ModelVersion {
     /// For an ensemble, the models its steps call, with the version each asks for (read from
     /// the config once, at load).
     pub composing: Vec<(String, Option<u64>)>,
-    /// The SLA its config declares, which guards a reload that brings it in.
-    pub sla: Option<super::rollout::Sla>,
+    /// The parameters Wisp reads from its config, typed (among them the SLA that guards a
+    /// reload bringing it in, and its embeddings API mapping).
+    pub params: Arc<wisp_core::config::params::Params>,
     /// What it has served, for judging its SLA (present when it declares one).
     pub(super) probe: Option<Arc<super::rollout::Probe>>,
     pub(super) scheduler: Arc<Scheduler>,

@@ -187,15 +187,14 @@ fn load_model_inner(
     }
 }
 
-/// Reads, normalizes, auto-completes and validates one model's config (what loading does before
-/// creating instances; the benchmark uses it to call a backend directly).
+/// Reads, normalizes, auto-completes and validates one model's config into its spec (what
+/// loading does before creating instances; the benchmark uses it to call a backend directly).
 pub fn prepare_config(
     dir: &ModelDir,
     backend: &dyn Backend,
     autocomplete: bool,
-) -> Result<ModelConfig> {
-    prepare_config_from(dir, backend, autocomplete, None, None)
-        .map(|(spec, _)| Arc::unwrap_or_clone(spec.config))
+) -> Result<ModelSpec> {
+    prepare_config_from(dir, backend, autocomplete, None, None).map(|(spec, _)| spec)
 }
 
 /// As [`prepare_config`], from a load request's `config_json` when given; with `verification`,
@@ -258,11 +257,10 @@ pub(super) fn prepare_config_from(
             }
         }
     }
+    // `wasm.*`, `openai.*` and `sla.*` parameters are read and checked here with the rest:
+    // one that does not fit fails the load, not each call.
     let spec = config::validate(cfg, name, &dir.path)?;
     let cfg = &*spec.config;
-    // `openai.*` parameters that do not fit the signature fail the load, not each API call.
-    crate::service::openai::EmbeddingApi::of(cfg)?;
-    super::rollout::Sla::of(cfg)?;
     if config_json.is_some() && cfg.is_wasm() {
         // A config from the network may narrow the repository's sandbox, never widen it.
         let base = match std::fs::read_to_string(dir.path.join("config.pbtxt")) {
@@ -325,8 +323,14 @@ fn load_version(
     let sequencing = spec.sequence.clone();
     let loaded = match &sequencing {
         // The backend also sees the inputs and outputs the sequence batcher feeds and reads.
-        Some(seq) => backend.load(&with_sequence_io(cfg, seq), &file)?,
-        None => backend.load(cfg, &file)?,
+        Some(seq) => backend.load(
+            &ModelSpec {
+                config: Arc::new(with_sequence_io(cfg, seq)),
+                ..spec.clone()
+            },
+            &file,
+        )?,
+        None => backend.load(spec, &file)?,
     };
     let mut labels = labels.clone();
     for (output, found) in loaded.output_labels() {
@@ -337,8 +341,9 @@ fn load_version(
         .map(|i| loaded.new_instance(i).map(|inst| pin(inst, cores[i])))
         .collect::<Result<Vec<_>>>()?;
     warm_up(&dir.path, cfg, &mut instances)?;
-    let sla = super::rollout::Sla::of(cfg)?;
-    let probe = sla
+    let probe = spec
+        .params
+        .sla
         .as_ref()
         .map(|_| Arc::new(super::rollout::Probe::default()));
     let observer = match &probe {
@@ -377,7 +382,7 @@ fn load_version(
         engine,
         load_secs: start.elapsed().as_secs_f64(),
         loaded_at: std::time::SystemTime::now(),
-        sla,
+        params: spec.params.clone(),
         probe,
         scheduler,
         sequencer,

@@ -122,7 +122,7 @@ impl Registry {
                     load_secs: m.load_secs,
                     loaded_at: m.loaded_at,
                     composing: m.composing.clone(),
-                    sla: m.sla.clone(),
+                    params: m.params.clone(),
                     probe: m.probe.clone(),
                     scheduler: m.scheduler.clone(),
                     sequencer: m.sequencer.clone(),

@@ -22,127 +22,39 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wisp_core::config::ModelConfig;
-use wisp_core::{Error, Result};
 use wisp_scheduler::{Observer, RequestTiming};
 
 use super::entry::{ModelEntry, VersionState};
 
-/// The parameter with the p99 latency bound, in milliseconds.
-pub const P99_KEY: &str = "sla.p99_latency_ms";
-/// The parameter with the error-rate bound, a fraction.
-pub const ERROR_RATE_KEY: &str = "sla.max_error_rate";
-/// The parameter with the watch window, in seconds.
-pub const WINDOW_KEY: &str = "sla.window_secs";
-/// The parameter with the number of requests needed before judging.
-pub const MIN_REQUESTS_KEY: &str = "sla.min_requests";
+pub use wisp_core::config::params::{Sla, ERROR_RATE_KEY, P99_KEY};
 
-const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
-const DEFAULT_MIN_REQUESTS: u64 = 20;
-
-/// A model's declared SLA.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sla {
-    /// The p99 latency bound, if any.
-    pub p99: Option<Duration>,
-    /// The error-rate bound, if any.
-    pub max_error_rate: Option<f64>,
-    /// How long a new version is watched.
-    pub window: Duration,
-    /// Requests needed before a breach is judged.
-    pub min_requests: u64,
-}
-
-impl Sla {
-    /// The SLA `cfg` declares: `Ok(None)` when it declares none, an error naming the parameter
-    /// when a value is malformed or out of bounds.
-    pub fn of(cfg: &ModelConfig) -> Result<Option<Sla>> {
-        let param = |key: &str| cfg.parameter_set(key);
-        let bad = |key: &str, why: &str, value: &str| {
-            Error::invalid(format!(
-                "model '{}': parameter '{key}' {why}, not '{value}'",
-                cfg.name
-            ))
-        };
-        let p99 = match param(P99_KEY) {
-            None => None,
-            Some(v) => match v.parse::<f64>() {
-                Ok(ms) if ms > 0.0 && ms <= 3_600_000.0 => {
-                    Some(Duration::from_secs_f64(ms / 1000.0))
-                }
-                _ => return Err(bad(P99_KEY, "must be milliseconds in (0, 3600000]", v)),
-            },
-        };
-        let max_error_rate = match param(ERROR_RATE_KEY) {
-            None => None,
-            Some(v) => match v.parse::<f64>() {
-                Ok(r) if (0.0..1.0).contains(&r) => Some(r),
-                _ => return Err(bad(ERROR_RATE_KEY, "must be a fraction in [0, 1)", v)),
-            },
-        };
-        let window = match param(WINDOW_KEY) {
-            None => DEFAULT_WINDOW,
-            Some(v) => match v.parse::<u64>() {
-                Ok(s @ 1..=86_400) => Duration::from_secs(s),
-                _ => return Err(bad(WINDOW_KEY, "must be whole seconds in 1..=86400", v)),
-            },
-        };
-        let min_requests = match param(MIN_REQUESTS_KEY) {
-            None => DEFAULT_MIN_REQUESTS,
-            Some(v) => match v.parse::<u64>() {
-                Ok(n @ 1..=1_000_000) => n,
-                _ => return Err(bad(MIN_REQUESTS_KEY, "must be a count in 1..=1000000", v)),
-            },
-        };
-        if p99.is_none() && max_error_rate.is_none() {
-            if let Some(key) = [WINDOW_KEY, MIN_REQUESTS_KEY]
-                .into_iter()
-                .find(|k| param(k).is_some())
-            {
-                return Err(Error::invalid(format!(
-                    "model '{}': parameter '{key}' needs '{P99_KEY}' or '{ERROR_RATE_KEY}'",
-                    cfg.name
-                )));
-            }
-            return Ok(None);
-        }
-        Ok(Some(Sla {
-            p99,
-            max_error_rate,
-            window,
-            min_requests,
-        }))
+/// Why `seen` breaches `sla`, or `None` when it does not (or is too small to judge).
+pub fn breach(sla: &Sla, seen: &Counts) -> Option<String> {
+    if seen.total < sla.min_requests {
+        return None;
     }
-
-    /// Why `seen` breaches this SLA, or `None` when it does not (or is too small to judge).
-    pub fn breach(&self, seen: &Counts) -> Option<String> {
-        if seen.total < self.min_requests {
-            return None;
+    if let Some(max) = sla.max_error_rate {
+        let rate = seen.failed as f64 / seen.total as f64;
+        if rate > max {
+            return Some(format!(
+                "error rate {rate:.3} over {ERROR_RATE_KEY} {max} ({} of {} requests failed)",
+                seen.failed, seen.total
+            ));
         }
-        if let Some(max) = self.max_error_rate {
-            let rate = seen.failed as f64 / seen.total as f64;
-            if rate > max {
-                return Some(format!(
-                    "error rate {rate:.3} over {ERROR_RATE_KEY} {max} ({} of {} requests failed)",
-                    seen.failed, seen.total
-                ));
-            }
-        }
-        if let Some(max) = self.p99 {
-            let p99 = seen.quantile(0.99);
-            if p99 > max {
-                return Some(format!(
-                    "p99 latency {:.1} ms over {P99_KEY} {} over {} requests",
-                    p99.as_secs_f64() * 1000.0,
-                    max.as_secs_f64() * 1000.0,
-                    seen.total
-                ));
-            }
-        }
-        None
     }
+    if let Some(max) = sla.p99 {
+        let p99 = seen.quantile(0.99);
+        if p99 > max {
+            return Some(format!(
+                "p99 latency {:.1} ms over {P99_KEY} {} over {} requests",
+                p99.as_secs_f64() * 1000.0,
+                max.as_secs_f64() * 1000.0,
+                seen.total
+            ));
+        }
+    }
+    None
 }
-
 /// Buckets per power of two of microseconds.
 const PER_OCTAVE: f64 = 8.0;
 /// Up to 2^40 µs (12 days): anything longer shares the last bucket.
@@ -278,7 +190,7 @@ impl Watch {
         let mut probes = Vec::new();
         for state in candidate.versions.values() {
             if let VersionState::Ready(m) = state {
-                if let (Some(s), Some(p)) = (&m.sla, &m.probe) {
+                if let (Some(s), Some(p)) = (&m.params.sla, &m.probe) {
                     sla.get_or_insert_with(|| s.clone());
                     probes.push((p.clone(), p.counts()));
                 }
@@ -316,7 +228,7 @@ impl Watch {
     /// The verdict at `now`.
     pub fn judge(&self, now: Instant) -> Verdict {
         let seen = self.seen();
-        if let Some(why) = self.sla.breach(&seen) {
+        if let Some(why) = breach(&self.sla, &seen) {
             return Verdict::RollBack(why);
         }
         if now.duration_since(self.started) >= self.sla.window {
@@ -352,53 +264,6 @@ pub struct LifecycleCounts {
 mod tests {
     use super::*;
 
-    fn cfg(params: &[(&str, &str)]) -> ModelConfig {
-        let mut c = ModelConfig {
-            name: "m".into(),
-            ..Default::default()
-        };
-        for (k, v) in params {
-            c.parameters.insert(
-                k.to_string(),
-                wisp_core::config::ModelParameter {
-                    string_value: v.to_string(),
-                },
-            );
-        }
-        c
-    }
-
-    #[test]
-    fn parameters_are_bounded_and_named() {
-        assert_eq!(Sla::of(&cfg(&[])).unwrap(), None);
-        let s = Sla::of(&cfg(&[(P99_KEY, "25"), (WINDOW_KEY, "5")]))
-            .unwrap()
-            .unwrap();
-        assert_eq!(s.p99, Some(Duration::from_millis(25)));
-        assert_eq!(s.window, Duration::from_secs(5));
-        assert_eq!(s.min_requests, DEFAULT_MIN_REQUESTS);
-        for (k, v) in [
-            (P99_KEY, "0"),
-            (P99_KEY, "-1"),
-            (P99_KEY, "NaN"),
-            (P99_KEY, "1e300"),
-            (ERROR_RATE_KEY, "1"),
-            (ERROR_RATE_KEY, "-0.1"),
-            (WINDOW_KEY, "0"),
-            (WINDOW_KEY, "99999999999"),
-            (MIN_REQUESTS_KEY, "0"),
-        ] {
-            let mut params = vec![(k, v)];
-            if k != P99_KEY {
-                params.push((P99_KEY, "10"));
-            }
-            let err = Sla::of(&cfg(&params)).unwrap_err();
-            assert!(err.message().contains(k), "{k}={v}: {err}");
-        }
-        let err = Sla::of(&cfg(&[(WINDOW_KEY, "5")])).unwrap_err();
-        assert!(err.message().contains("needs"), "{err}");
-    }
-
     #[test]
     fn quantiles_read_at_most_one_bucket_high() {
         let p = Probe::default();
@@ -426,28 +291,28 @@ mod tests {
         for _ in 0..9 {
             p.record(true, Duration::from_millis(50));
         }
-        assert_eq!(sla.breach(&p.counts().since(&before)), None, "too few");
+        assert_eq!(breach(&sla, &p.counts().since(&before)), None, "too few");
         p.record(true, Duration::from_millis(50));
-        let why = sla.breach(&p.counts().since(&before)).unwrap();
+        let why = breach(&sla, &p.counts().since(&before)).unwrap();
         assert!(why.contains("p99 latency"), "{why}");
 
         let q = Probe::default();
         for i in 0..20 {
             q.record(i % 4 != 0, Duration::from_millis(1));
         }
-        let why = sla.breach(&q.counts()).unwrap();
+        let why = breach(&sla, &q.counts()).unwrap();
         assert!(why.contains("error rate 0.250"), "{why}");
 
         let fine = Probe::default();
         for i in 0..100 {
             fine.record(i != 0, Duration::from_millis(2));
         }
-        assert_eq!(sla.breach(&fine.counts()), None);
+        assert_eq!(breach(&sla, &fine.counts()), None);
         // What was seen before the swap does not count.
         let at_swap = p.counts();
         for _ in 0..10 {
             p.record(true, Duration::from_millis(1));
         }
-        assert_eq!(sla.breach(&p.counts().since(&at_swap)), None);
+        assert_eq!(breach(&sla, &p.counts().since(&at_swap)), None);
     }
 }

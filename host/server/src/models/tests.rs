@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
-use wisp_core::config::{ModelConfig, ModelIo};
+use wisp_core::config::{ModelIo, ModelSpec};
 use wisp_core::tensor::{decode_bytes_elements, encode_bytes_elements};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
 
@@ -33,7 +33,8 @@ impl Backend for FakeBackend {
         Err(Error::invalid("the fake backend does not auto-complete"))
     }
 
-    fn load(&self, config: &ModelConfig, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
+    fn load(&self, spec: &ModelSpec, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
+        let config = &*spec.config;
         self.loads.lock().unwrap().push(config.name.clone());
         let tag = if config.is_ensemble() {
             format!("ensemble {}", config.name)

@@ -21,7 +21,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use wisp_core::config::ModelConfig;
 use wisp_core::tensor::encode_bytes_elements;
 use wisp_core::{DataType, Error, InferRequest, Result, Tensor};
 
@@ -29,163 +28,7 @@ use super::infer::{Decoded, OutputSpec};
 use super::Service;
 use crate::models::{ModelVersion, VersionState};
 
-/// The most texts one API request may carry (OpenAI's own limit).
-pub const MAX_INPUTS: usize = 2048;
-
-/// How a model's vectors may be shortened on request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dimensions {
-    /// Only the model's own size.
-    Fixed,
-    /// Any size from 1 up: the first N values, scaled back to unit length.
-    Truncate,
-}
-
-/// How one model maps onto the embeddings API (read from its config's `openai.*` parameters).
-#[derive(Debug, Clone, PartialEq)]
-pub struct EmbeddingApi {
-    /// The input that takes the texts.
-    pub input: String,
-    /// The output with the vectors.
-    pub output: String,
-    /// The output with each text's token count, if any.
-    pub usage: Option<String>,
-    /// The vector size.
-    pub size: usize,
-    /// Whether clients may ask for fewer dimensions.
-    pub dimensions: Dimensions,
-    /// Texts per request at most.
-    pub max_inputs: usize,
-}
-
-impl EmbeddingApi {
-    /// The model's mapping: `Ok(None)` when it does not join the API, an error naming the
-    /// parameter when its `openai.*` parameters do not fit its signature.
-    pub fn of(cfg: &ModelConfig) -> Result<Option<EmbeddingApi>> {
-        let param = |key: &str| cfg.parameter_set(key);
-        match param("openai.api") {
-            None => return Ok(None),
-            Some("embeddings") => {}
-            Some(other) => {
-                return Err(Error::invalid(format!(
-                    "model '{}': parameter 'openai.api' must be 'embeddings', not '{other}'",
-                    cfg.name
-                )))
-            }
-        }
-        let bad = |key: &str, why: String| {
-            Error::invalid(format!("model '{}': parameter '{key}' {why}", cfg.name))
-        };
-        let input = match param("openai.input") {
-            Some(name) => cfg
-                .input
-                .iter()
-                .find(|i| i.name == name)
-                .ok_or_else(|| bad("openai.input", format!("names no input: '{name}'")))?,
-            None => match cfg.input.as_slice() {
-                [only] => only,
-                _ => {
-                    return Err(bad(
-                        "openai.input",
-                        "is needed: the model has more than one input".into(),
-                    ))
-                }
-            },
-        };
-        if input.data_type != Some(DataType::Bytes) || !matches!(input.dims[..], [1] | [-1]) {
-            return Err(bad(
-                "openai.input",
-                format!(
-                    "must name a TYPE_STRING input of dims [1]: '{}'",
-                    input.name
-                ),
-            ));
-        }
-        let output = match param("openai.output") {
-            Some(name) => cfg
-                .output
-                .iter()
-                .find(|o| o.name == name)
-                .ok_or_else(|| bad("openai.output", format!("names no output: '{name}'")))?,
-            None => {
-                let mut fp32 = cfg
-                    .output
-                    .iter()
-                    .filter(|o| o.data_type == Some(DataType::Fp32));
-                match (fp32.next(), fp32.next()) {
-                    (Some(only), None) => only,
-                    _ => {
-                        return Err(bad(
-                            "openai.output",
-                            "is needed: the model has no single FP32 output".into(),
-                        ))
-                    }
-                }
-            }
-        };
-        let size = match output.dims[..] {
-            [n] if output.data_type == Some(DataType::Fp32) && n > 0 => n as usize,
-            _ => {
-                return Err(bad(
-                    "openai.output",
-                    format!(
-                        "must name a TYPE_FP32 output of fixed dims [N]: '{}'",
-                        output.name
-                    ),
-                ))
-            }
-        };
-        let usage = match param("openai.usage") {
-            None => None,
-            Some(name) => {
-                let o = cfg
-                    .output
-                    .iter()
-                    .find(|o| o.name == name)
-                    .ok_or_else(|| bad("openai.usage", format!("names no output: '{name}'")))?;
-                let integer = matches!(o.data_type, Some(DataType::Int32 | DataType::Int64));
-                if !integer || !matches!(o.dims[..], [1] | [-1]) {
-                    return Err(bad(
-                        "openai.usage",
-                        format!("must name a TYPE_INT32/64 output of dims [1]: '{name}'"),
-                    ));
-                }
-                Some(o.name.clone())
-            }
-        };
-        let dimensions = match param("openai.dimensions") {
-            None | Some("fixed") => Dimensions::Fixed,
-            Some("truncate") => Dimensions::Truncate,
-            Some(other) => {
-                return Err(bad(
-                    "openai.dimensions",
-                    format!("must be 'fixed' or 'truncate', not '{other}'"),
-                ))
-            }
-        };
-        let max_inputs = match param("openai.max_inputs") {
-            None => MAX_INPUTS,
-            Some(v) => v
-                .parse::<usize>()
-                .ok()
-                .filter(|n| (1..=MAX_INPUTS).contains(n))
-                .ok_or_else(|| {
-                    bad(
-                        "openai.max_inputs",
-                        format!("must be 1 to {MAX_INPUTS}, not '{v}'"),
-                    )
-                })?,
-        };
-        Ok(Some(EmbeddingApi {
-            input: input.name.clone(),
-            output: output.name.clone(),
-            usage,
-            size,
-            dimensions,
-            max_inputs,
-        }))
-    }
-}
+pub use wisp_core::config::params::{Dimensions, EmbeddingApi, MAX_EMBEDDING_INPUTS as MAX_INPUTS};
 
 /// A failure of the embeddings API: the error, and the request field it concerns.
 #[derive(Debug)]
@@ -249,7 +92,7 @@ impl Service {
                 _ => None,
             });
             if let Some(m) = ready.max_by_key(|m| m.version) {
-                if matches!(EmbeddingApi::of(&m.config), Ok(Some(_))) {
+                if m.params.embeddings.is_some() {
                     out.push(ApiModel {
                         id: name.clone(),
                         created: unix_secs(m.loaded_at),
@@ -285,7 +128,8 @@ impl Service {
             Err(e) if e.kind() == wisp_core::ErrorKind::NotFound => return Err(not_found()),
             Err(e) => return Err(e.into()),
         };
-        match EmbeddingApi::of(&m.config)? {
+        // Read and checked with the config, when the model loaded.
+        match m.params.embeddings.clone() {
             Some(api) => Ok((m, api)),
             None => Err(not_found()),
         }
@@ -470,75 +314,6 @@ fn unix_secs(t: std::time::SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wisp_core::config::parse_pbtxt;
-
-    fn config(extra: &str) -> ModelConfig {
-        parse_pbtxt(
-            "e",
-            &format!(
-                r#"name: "e" platform: "ensemble" max_batch_size: 8
-            input [ {{ name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }} ]
-            output [ {{ name: "EMBEDDING" data_type: TYPE_FP32 dims: [ 4 ] }},
-                     {{ name: "TOKENS" data_type: TYPE_INT64 dims: [ 1 ] }} ]
-            {extra}"#
-            ),
-        )
-        .unwrap()
-    }
-
-    fn param(key: &str, value: &str) -> String {
-        format!(r#"parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}"#)
-    }
-
-    #[test]
-    fn models_join_only_when_asked() {
-        assert_eq!(EmbeddingApi::of(&config("")).unwrap(), None);
-        let api = EmbeddingApi::of(&config(&param("openai.api", "embeddings")))
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            (api.input.as_str(), api.output.as_str()),
-            ("TEXT", "EMBEDDING")
-        );
-        assert_eq!(
-            (api.size, api.usage, api.dimensions),
-            (4, None, Dimensions::Fixed)
-        );
-        assert_eq!(api.max_inputs, MAX_INPUTS);
-    }
-
-    #[test]
-    fn parameters_are_checked_against_the_signature() {
-        let with = |pairs: &[(&str, &str)]| {
-            let mut text = param("openai.api", "embeddings");
-            for (k, v) in pairs {
-                text += &param(k, v);
-            }
-            EmbeddingApi::of(&config(&text))
-        };
-        let api = with(&[
-            ("openai.usage", "TOKENS"),
-            ("openai.dimensions", "truncate"),
-        ])
-        .unwrap()
-        .unwrap();
-        assert_eq!(api.usage.as_deref(), Some("TOKENS"));
-        assert_eq!(api.dimensions, Dimensions::Truncate);
-        for (pairs, named) in [
-            (vec![("openai.output", "TOKENS")], "openai.output"),
-            (vec![("openai.output", "NOPE")], "openai.output"),
-            (vec![("openai.usage", "EMBEDDING")], "openai.usage"),
-            (vec![("openai.input", "EMBEDDING")], "openai.input"),
-            (vec![("openai.dimensions", "any")], "openai.dimensions"),
-            (vec![("openai.max_inputs", "0")], "openai.max_inputs"),
-            (vec![("openai.max_inputs", "5000")], "openai.max_inputs"),
-        ] {
-            let e = with(&pairs).unwrap_err();
-            assert!(e.message().contains(named), "{pairs:?}: {}", e.message());
-        }
-        let e = EmbeddingApi::of(&config(&param("openai.api", "chat"))).unwrap_err();
-        assert!(e.message().contains("openai.api"), "{}", e.message());
-    }
 
     #[test]
     fn truncated_vectors_are_renormalized() {

@@ -1,0 +1,656 @@
+//! The typed form of a config's `parameters` that Wisp itself reads: a plugin's sandbox
+//! (`wasm.*`), the embeddings API mapping (`openai.*`) and a rollout's SLA (`sla.*`).
+//!
+//! [`super::validate`] reads them once, with the rest of the config, and reports a malformed
+//! value as a config error naming `parameters.<key>`; the backends and the server then take
+//! the typed [`Params`] from the [`super::ModelSpec`] and never parse the strings again.
+//! Parameters under other prefixes are the model's own and are passed through untouched.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{ConfigError, ModelConfig};
+use crate::datatype::DataType;
+
+/// Per-instance linear-memory cap (`wasm.memory_limit_mb`, default 256).
+pub const MEMORY_LIMIT_KEY: &str = "wasm.memory_limit_mb";
+/// Per-`execute` deadline in milliseconds (`wasm.timeout_ms`, default 5000).
+pub const TIMEOUT_KEY: &str = "wasm.timeout_ms";
+/// Fuel (instructions, roughly) per `execute`; 0 or absent = unmetered (`wasm.fuel`).
+pub const FUEL_KEY: &str = "wasm.fuel";
+/// Comma-separated names of server environment variables the plugin may read (`wasm.allow_env`).
+pub const ENV_KEY: &str = "wasm.allow_env";
+/// `true` gives the plugin the real wall and monotonic clocks (`wasm.allow_clock`).
+pub const CLOCK_KEY: &str = "wasm.allow_clock";
+/// A directory, relative to the model directory, mounted read-only at `/data`
+/// (`wasm.allow_read_dir`).
+pub const READ_DIR_KEY: &str = "wasm.allow_read_dir";
+/// Every `wasm.*` key the sandbox knows.
+pub const SANDBOX_KEYS: [&str; 6] = [
+    MEMORY_LIMIT_KEY,
+    TIMEOUT_KEY,
+    FUEL_KEY,
+    ENV_KEY,
+    CLOCK_KEY,
+    READ_DIR_KEY,
+];
+
+/// The largest memory cap a model may ask for (the pooling allocator reserves this much address
+/// space per memory slot).
+pub const MAX_MEMORY_MB: u64 = 4096;
+
+/// The parameter with the p99 latency bound, in milliseconds.
+pub const P99_KEY: &str = "sla.p99_latency_ms";
+/// The parameter with the error-rate bound, a fraction.
+pub const ERROR_RATE_KEY: &str = "sla.max_error_rate";
+/// The parameter with the watch window, in seconds.
+pub const WINDOW_KEY: &str = "sla.window_secs";
+/// The parameter with the number of requests needed before judging.
+pub const MIN_REQUESTS_KEY: &str = "sla.min_requests";
+
+const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
+const DEFAULT_MIN_REQUESTS: u64 = 20;
+
+/// ONNX Runtime's threads per session for its operators (`intra_op_thread_count`).
+pub const INTRA_OP_KEY: &str = "intra_op_thread_count";
+/// ONNX Runtime's threads per session across operators (`inter_op_thread_count`).
+pub const INTER_OP_KEY: &str = "inter_op_thread_count";
+/// The most threads a config may ask ONNX Runtime for, per session.
+pub const MAX_OP_THREADS: usize = 256;
+
+/// The most texts one embeddings request may carry (OpenAI's own limit).
+pub const MAX_EMBEDDING_INPUTS: usize = 2048;
+
+/// The parameters of one model that Wisp reads, typed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Params {
+    /// The plugin's sandbox; `Some` exactly for a wasm model.
+    pub sandbox: Option<Sandbox>,
+    /// ONNX Runtime's thread counts, as far as an ONNX model's config sets them.
+    pub onnx: OnnxThreads,
+    /// How the model joins the embeddings API, when it does (`openai.api: "embeddings"`).
+    pub embeddings: Option<EmbeddingApi>,
+    /// The SLA a new version is watched against, when the config declares one.
+    pub sla: Option<Sla>,
+}
+
+/// Reads every group of `cfg`'s parameters, pushing one error per malformed group to `errs`.
+/// `wasm` says whether `cfg` is a plugin's (only then are `wasm.*` read).
+pub(super) fn read(
+    cfg: &ModelConfig,
+    model_dir: &Path,
+    wasm: bool,
+    errs: &mut Vec<ConfigError>,
+) -> Params {
+    fn ok<T>(r: Result<T, ConfigError>, errs: &mut Vec<ConfigError>) -> Option<T> {
+        r.map_err(|e| errs.push(e)).ok()
+    }
+    let sandbox = if wasm {
+        ok(Sandbox::of(cfg, model_dir), errs)
+    } else {
+        None
+    };
+    let onnx = if cfg.is_onnx() {
+        ok(OnnxThreads::of(cfg), errs).unwrap_or_default()
+    } else {
+        OnnxThreads::default()
+    };
+    let embeddings = ok(EmbeddingApi::of(cfg), errs).flatten();
+    let sla = ok(Sla::of(cfg), errs).flatten();
+    Params {
+        sandbox,
+        onnx,
+        embeddings,
+        sla,
+    }
+}
+
+fn bad(key: &str, message: String) -> ConfigError {
+    ConfigError {
+        path: format!("parameters.{key}"),
+        message,
+    }
+}
+
+/// A plugin's sandbox as its config asks for it. Everything is denied unless granted: no
+/// filesystem, no environment, no network (there is no key to grant it), and a frozen clock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sandbox {
+    /// Linear-memory cap per instance, in bytes.
+    pub memory_bytes: usize,
+    /// Deadline for one `execute` (or `init`) call, host calls included.
+    pub timeout: Duration,
+    /// Fuel per call; `None` = unmetered.
+    pub fuel: Option<u64>,
+    /// Names of the server's environment variables the plugin may read (their values are read
+    /// when it loads).
+    pub allow_env: Vec<String>,
+    /// Real clocks instead of a frozen one.
+    pub clock: bool,
+    /// Host directory, inside the model directory, mounted read-only in the plugin.
+    pub read_dir: Option<PathBuf>,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox {
+            memory_bytes: 256 << 20,
+            timeout: Duration::from_millis(5000),
+            fuel: None,
+            allow_env: Vec::new(),
+            clock: false,
+            read_dir: None,
+        }
+    }
+}
+
+fn uint(cfg: &ModelConfig, key: &str) -> Result<Option<u64>, ConfigError> {
+    match cfg.parameter_set(key) {
+        None => Ok(None),
+        Some(v) => v
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| bad(key, format!("must be a non-negative integer, got '{v}'"))),
+    }
+}
+
+impl Sandbox {
+    /// Reads the `wasm.*` parameters of `cfg`; `model_dir` anchors `wasm.allow_read_dir`,
+    /// which must name a directory inside it.
+    pub fn of(cfg: &ModelConfig, model_dir: &Path) -> Result<Sandbox, ConfigError> {
+        let mut sandbox = Sandbox::default();
+        if let Some(mb) = uint(cfg, MEMORY_LIMIT_KEY)? {
+            if mb == 0 || mb > MAX_MEMORY_MB {
+                return Err(bad(
+                    MEMORY_LIMIT_KEY,
+                    format!("must be between 1 and {MAX_MEMORY_MB}, got {mb}"),
+                ));
+            }
+            sandbox.memory_bytes = (mb as usize) << 20;
+        }
+        if let Some(ms) = uint(cfg, TIMEOUT_KEY)? {
+            if ms == 0 {
+                return Err(bad(TIMEOUT_KEY, "must be at least 1".into()));
+            }
+            sandbox.timeout = Duration::from_millis(ms);
+        }
+        sandbox.fuel = uint(cfg, FUEL_KEY)?.filter(|&f| f > 0);
+        if let Some(names) = cfg.parameter(ENV_KEY) {
+            sandbox.allow_env = names
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(String::from)
+                .collect();
+        }
+        sandbox.clock = match cfg.parameter_set(CLOCK_KEY) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(v) => return Err(bad(CLOCK_KEY, format!("must be true or false, got '{v}'"))),
+        };
+        if let Some(dir) = cfg.parameter_set(READ_DIR_KEY) {
+            let path =
+                crate::repository::confine(model_dir, dir).map_err(|why| bad(READ_DIR_KEY, why))?;
+            if !path.is_dir() {
+                // Named as the config does: the server's own paths are not for clients.
+                return Err(bad(
+                    READ_DIR_KEY,
+                    format!("'{dir}' is not a directory in the model directory"),
+                ));
+            }
+            sandbox.read_dir = Some(path);
+        }
+        Ok(sandbox)
+    }
+}
+
+/// ONNX Runtime's thread counts for one model's sessions (Triton's ONNX backend parameters of
+/// the same names); `None` leaves the choice to the backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OnnxThreads {
+    /// `intra_op_thread_count` (0 is ONNX Runtime's own default).
+    pub intra_op: Option<usize>,
+    /// `inter_op_thread_count` (0 is ONNX Runtime's own default).
+    pub inter_op: Option<usize>,
+}
+
+impl OnnxThreads {
+    /// Reads `intra_op_thread_count` and `inter_op_thread_count`, each at most
+    /// [`MAX_OP_THREADS`].
+    pub fn of(cfg: &ModelConfig) -> Result<OnnxThreads, ConfigError> {
+        let count = |key: &str| match uint(cfg, key)? {
+            Some(n) if n > MAX_OP_THREADS as u64 => Err(bad(
+                key,
+                format!("must be at most {MAX_OP_THREADS}, got {n}"),
+            )),
+            n => Ok(n.map(|n| n as usize)),
+        };
+        Ok(OnnxThreads {
+            intra_op: count(INTRA_OP_KEY)?,
+            inter_op: count(INTER_OP_KEY)?,
+        })
+    }
+}
+
+/// How a model's vectors may be shortened on request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dimensions {
+    /// Only the model's own size.
+    Fixed,
+    /// Any size from 1 up: the first N values, scaled back to unit length.
+    Truncate,
+}
+
+/// How one model maps onto the embeddings API (its config's `openai.*` parameters).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddingApi {
+    /// The input that takes the texts.
+    pub input: String,
+    /// The output with the vectors.
+    pub output: String,
+    /// The output with each text's token count, if any.
+    pub usage: Option<String>,
+    /// The vector size.
+    pub size: usize,
+    /// Whether clients may ask for fewer dimensions.
+    pub dimensions: Dimensions,
+    /// Texts per request at most.
+    pub max_inputs: usize,
+}
+
+impl EmbeddingApi {
+    /// The model's mapping: `Ok(None)` when it does not join the API, an error naming the
+    /// parameter when its `openai.*` parameters do not fit its signature.
+    pub fn of(cfg: &ModelConfig) -> Result<Option<EmbeddingApi>, ConfigError> {
+        let param = |key: &str| cfg.parameter_set(key);
+        match param("openai.api") {
+            None => return Ok(None),
+            Some("embeddings") => {}
+            Some(other) => {
+                return Err(bad(
+                    "openai.api",
+                    format!("must be 'embeddings', not '{other}'"),
+                ))
+            }
+        }
+        let input = match param("openai.input") {
+            Some(name) => cfg
+                .input
+                .iter()
+                .find(|i| i.name == name)
+                .ok_or_else(|| bad("openai.input", format!("names no input: '{name}'")))?,
+            None => match cfg.input.as_slice() {
+                [only] => only,
+                _ => {
+                    return Err(bad(
+                        "openai.input",
+                        "is needed: the model has more than one input".into(),
+                    ))
+                }
+            },
+        };
+        if input.data_type != Some(DataType::Bytes) || !matches!(input.dims[..], [1] | [-1]) {
+            return Err(bad(
+                "openai.input",
+                format!(
+                    "must name a TYPE_STRING input of dims [1]: '{}'",
+                    input.name
+                ),
+            ));
+        }
+        let output = match param("openai.output") {
+            Some(name) => cfg
+                .output
+                .iter()
+                .find(|o| o.name == name)
+                .ok_or_else(|| bad("openai.output", format!("names no output: '{name}'")))?,
+            None => {
+                let mut fp32 = cfg
+                    .output
+                    .iter()
+                    .filter(|o| o.data_type == Some(DataType::Fp32));
+                match (fp32.next(), fp32.next()) {
+                    (Some(only), None) => only,
+                    _ => {
+                        return Err(bad(
+                            "openai.output",
+                            "is needed: the model has no single FP32 output".into(),
+                        ))
+                    }
+                }
+            }
+        };
+        let size = match output.dims[..] {
+            [n] if output.data_type == Some(DataType::Fp32) && n > 0 => n as usize,
+            _ => {
+                return Err(bad(
+                    "openai.output",
+                    format!(
+                        "must name a TYPE_FP32 output of fixed dims [N]: '{}'",
+                        output.name
+                    ),
+                ))
+            }
+        };
+        let usage = match param("openai.usage") {
+            None => None,
+            Some(name) => {
+                let o = cfg
+                    .output
+                    .iter()
+                    .find(|o| o.name == name)
+                    .ok_or_else(|| bad("openai.usage", format!("names no output: '{name}'")))?;
+                let integer = matches!(o.data_type, Some(DataType::Int32 | DataType::Int64));
+                if !integer || !matches!(o.dims[..], [1] | [-1]) {
+                    return Err(bad(
+                        "openai.usage",
+                        format!("must name a TYPE_INT32/64 output of dims [1]: '{name}'"),
+                    ));
+                }
+                Some(o.name.clone())
+            }
+        };
+        let dimensions = match param("openai.dimensions") {
+            None | Some("fixed") => Dimensions::Fixed,
+            Some("truncate") => Dimensions::Truncate,
+            Some(other) => {
+                return Err(bad(
+                    "openai.dimensions",
+                    format!("must be 'fixed' or 'truncate', not '{other}'"),
+                ))
+            }
+        };
+        let max_inputs = match param("openai.max_inputs") {
+            None => MAX_EMBEDDING_INPUTS,
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_EMBEDDING_INPUTS).contains(n))
+                .ok_or_else(|| {
+                    bad(
+                        "openai.max_inputs",
+                        format!("must be 1 to {MAX_EMBEDDING_INPUTS}, not '{v}'"),
+                    )
+                })?,
+        };
+        Ok(Some(EmbeddingApi {
+            input: input.name.clone(),
+            output: output.name.clone(),
+            usage,
+            size,
+            dimensions,
+            max_inputs,
+        }))
+    }
+}
+
+/// A model's declared SLA: a newly loaded version is watched against it and rolled back when
+/// it breaches it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sla {
+    /// The p99 latency bound, if any.
+    pub p99: Option<Duration>,
+    /// The error-rate bound, if any.
+    pub max_error_rate: Option<f64>,
+    /// How long a new version is watched.
+    pub window: Duration,
+    /// Requests needed before a breach is judged.
+    pub min_requests: u64,
+}
+
+impl Sla {
+    /// The SLA `cfg` declares: `Ok(None)` when it declares none, an error naming the parameter
+    /// when a value is malformed or out of bounds.
+    pub fn of(cfg: &ModelConfig) -> Result<Option<Sla>, ConfigError> {
+        let param = |key: &str| cfg.parameter_set(key);
+        let out_of = |key: &str, why: &str, value: &str| bad(key, format!("{why}, not '{value}'"));
+        let p99 = match param(P99_KEY) {
+            None => None,
+            Some(v) => match v.parse::<f64>() {
+                Ok(ms) if ms > 0.0 && ms <= 3_600_000.0 => {
+                    Some(Duration::from_secs_f64(ms / 1000.0))
+                }
+                _ => return Err(out_of(P99_KEY, "must be milliseconds in (0, 3600000]", v)),
+            },
+        };
+        let max_error_rate = match param(ERROR_RATE_KEY) {
+            None => None,
+            Some(v) => match v.parse::<f64>() {
+                Ok(r) if (0.0..1.0).contains(&r) => Some(r),
+                _ => return Err(out_of(ERROR_RATE_KEY, "must be a fraction in [0, 1)", v)),
+            },
+        };
+        let window = match param(WINDOW_KEY) {
+            None => DEFAULT_WINDOW,
+            Some(v) => match v.parse::<u64>() {
+                Ok(s @ 1..=86_400) => Duration::from_secs(s),
+                _ => return Err(out_of(WINDOW_KEY, "must be whole seconds in 1..=86400", v)),
+            },
+        };
+        let min_requests = match param(MIN_REQUESTS_KEY) {
+            None => DEFAULT_MIN_REQUESTS,
+            Some(v) => match v.parse::<u64>() {
+                Ok(n @ 1..=1_000_000) => n,
+                _ => {
+                    return Err(out_of(
+                        MIN_REQUESTS_KEY,
+                        "must be a count in 1..=1000000",
+                        v,
+                    ))
+                }
+            },
+        };
+        if p99.is_none() && max_error_rate.is_none() {
+            if let Some(key) = [WINDOW_KEY, MIN_REQUESTS_KEY]
+                .into_iter()
+                .find(|k| param(k).is_some())
+            {
+                return Err(bad(key, format!("needs '{P99_KEY}' or '{ERROR_RATE_KEY}'")));
+            }
+            return Ok(None);
+        }
+        Ok(Some(Sla {
+            p99,
+            max_error_rate,
+            window,
+            min_requests,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelParameter;
+
+    fn cfg(params: &[(&str, &str)]) -> ModelConfig {
+        let mut c = ModelConfig {
+            name: "p".into(),
+            ..Default::default()
+        };
+        for (k, v) in params {
+            c.parameters.insert(
+                k.to_string(),
+                ModelParameter {
+                    string_value: v.to_string(),
+                },
+            );
+        }
+        c
+    }
+
+    #[test]
+    fn a_sandbox_denies_everything_by_default() {
+        let s = Sandbox::of(&cfg(&[]), Path::new(".")).unwrap();
+        assert_eq!(s, Sandbox::default());
+        assert!(s.allow_env.is_empty() && !s.clock && s.read_dir.is_none() && s.fuel.is_none());
+    }
+
+    #[test]
+    fn a_sandbox_reads_grants_and_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("assets")).unwrap();
+        let s = Sandbox::of(
+            &cfg(&[
+                (MEMORY_LIMIT_KEY, "16"),
+                (TIMEOUT_KEY, "250"),
+                (FUEL_KEY, "1000"),
+                (ENV_KEY, "A_VAR, B_VAR,,"),
+                (CLOCK_KEY, "true"),
+                (READ_DIR_KEY, "assets"),
+            ]),
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(s.memory_bytes, 16 << 20);
+        assert_eq!(s.timeout, Duration::from_millis(250));
+        assert_eq!(s.fuel, Some(1000));
+        assert_eq!(s.allow_env, ["A_VAR", "B_VAR"]);
+        assert!(s.clock);
+        assert_eq!(s.read_dir, Some(dir.path().join("assets")));
+        let unmetered = Sandbox::of(&cfg(&[(FUEL_KEY, "0")]), dir.path()).unwrap();
+        assert_eq!(unmetered.fuel, None);
+    }
+
+    #[test]
+    fn bad_sandbox_values_name_the_key() {
+        for (k, v) in [
+            (MEMORY_LIMIT_KEY, "0"),
+            (MEMORY_LIMIT_KEY, "99999"),
+            (TIMEOUT_KEY, "soon"),
+            (TIMEOUT_KEY, "0"),
+            (FUEL_KEY, "-1"),
+            (CLOCK_KEY, "yes"),
+            (READ_DIR_KEY, "missing"),
+            (READ_DIR_KEY, "/"),
+            (READ_DIR_KEY, ".."),
+        ] {
+            let e = Sandbox::of(&cfg(&[(k, v)]), Path::new(".")).unwrap_err();
+            assert_eq!(e.path, format!("parameters.{k}"), "{k}={v}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn onnx_thread_counts_are_bounded() {
+        assert_eq!(OnnxThreads::of(&cfg(&[])).unwrap(), OnnxThreads::default());
+        let t = OnnxThreads::of(&cfg(&[(INTRA_OP_KEY, "2"), (INTER_OP_KEY, " 0 ")])).unwrap();
+        assert_eq!((t.intra_op, t.inter_op), (Some(2), Some(0)));
+        for (k, v) in [
+            (INTRA_OP_KEY, "257"),
+            (INTER_OP_KEY, "x"),
+            (INTRA_OP_KEY, "-1"),
+        ] {
+            let e = OnnxThreads::of(&cfg(&[(k, v)])).unwrap_err();
+            assert_eq!(e.path, format!("parameters.{k}"), "{k}={v}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn sla_parameters_are_bounded_and_named() {
+        assert_eq!(Sla::of(&cfg(&[])).unwrap(), None);
+        let s = Sla::of(&cfg(&[(P99_KEY, "25"), (WINDOW_KEY, "5")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.p99, Some(Duration::from_millis(25)));
+        assert_eq!(s.window, Duration::from_secs(5));
+        assert_eq!(s.min_requests, DEFAULT_MIN_REQUESTS);
+        for (k, v) in [
+            (P99_KEY, "0"),
+            (P99_KEY, "-1"),
+            (P99_KEY, "NaN"),
+            (P99_KEY, "1e300"),
+            (ERROR_RATE_KEY, "1"),
+            (ERROR_RATE_KEY, "-0.1"),
+            (WINDOW_KEY, "0"),
+            (WINDOW_KEY, "99999999999"),
+            (MIN_REQUESTS_KEY, "0"),
+        ] {
+            let mut params = vec![(k, v)];
+            if k != P99_KEY {
+                params.push((P99_KEY, "10"));
+            }
+            let err = Sla::of(&cfg(&params)).unwrap_err();
+            assert_eq!(err.path, format!("parameters.{k}"), "{k}={v}: {err:?}");
+        }
+        let err = Sla::of(&cfg(&[(WINDOW_KEY, "5")])).unwrap_err();
+        assert!(err.message.contains("needs"), "{err:?}");
+    }
+
+    fn embedder(extra: &[(&str, &str)]) -> ModelConfig {
+        let text = r#"
+            name: "e"
+            backend: "wasm"
+            input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+            output [ { name: "EMBEDDING" data_type: TYPE_FP32 dims: [ 4 ] },
+                     { name: "TOKENS" data_type: TYPE_INT64 dims: [ 1 ] } ]"#;
+        let mut c = crate::config::parse_pbtxt("e", text).unwrap();
+        c.parameters = cfg(extra).parameters;
+        c
+    }
+
+    #[test]
+    fn models_join_the_embeddings_api_only_when_asked() {
+        assert_eq!(EmbeddingApi::of(&embedder(&[])).unwrap(), None);
+        let api = EmbeddingApi::of(&embedder(&[("openai.api", "embeddings")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (api.input.as_str(), api.output.as_str()),
+            ("TEXT", "EMBEDDING")
+        );
+        assert_eq!(
+            (api.size, api.usage, api.dimensions),
+            (4, None, Dimensions::Fixed)
+        );
+        assert_eq!(api.max_inputs, MAX_EMBEDDING_INPUTS);
+    }
+
+    #[test]
+    fn embeddings_parameters_are_checked_against_the_signature() {
+        let with = |pairs: &[(&str, &str)]| {
+            let mut all = vec![("openai.api", "embeddings")];
+            all.extend_from_slice(pairs);
+            EmbeddingApi::of(&embedder(&all))
+        };
+        let api = with(&[
+            ("openai.usage", "TOKENS"),
+            ("openai.dimensions", "truncate"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(api.usage.as_deref(), Some("TOKENS"));
+        assert_eq!(api.dimensions, Dimensions::Truncate);
+        for (pair, named) in [
+            (("openai.output", "TOKENS"), "openai.output"),
+            (("openai.output", "NOPE"), "openai.output"),
+            (("openai.usage", "EMBEDDING"), "openai.usage"),
+            (("openai.input", "EMBEDDING"), "openai.input"),
+            (("openai.dimensions", "any"), "openai.dimensions"),
+            (("openai.max_inputs", "0"), "openai.max_inputs"),
+            (("openai.max_inputs", "5000"), "openai.max_inputs"),
+        ] {
+            let e = with(&[pair]).unwrap_err();
+            assert_eq!(e.path, format!("parameters.{named}"), "{pair:?}: {e:?}");
+        }
+        let e = EmbeddingApi::of(&embedder(&[("openai.api", "chat")])).unwrap_err();
+        assert_eq!(e.path, "parameters.openai.api");
+    }
+
+    #[test]
+    fn a_spec_carries_its_parameters_typed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = embedder(&[
+            ("openai.api", "embeddings"),
+            (P99_KEY, "50"),
+            (FUEL_KEY, "7"),
+        ]);
+        crate::config::normalize(&mut c, "e", dir.path());
+        let spec = crate::config::validate(c, "e", dir.path()).unwrap();
+        assert_eq!(spec.params.sandbox.as_ref().unwrap().fuel, Some(7));
+        assert_eq!(spec.params.embeddings.as_ref().unwrap().size, 4);
+        assert_eq!(
+            spec.params.sla.as_ref().unwrap().p99,
+            Some(Duration::from_millis(50))
+        );
+    }
+}
