@@ -333,7 +333,7 @@ pub async fn serve(
         };
         match gate.permits.clone().try_acquire_owned() {
             Ok(permit) => {
-                tokio::spawn(conn.run(tcp, peer, permit));
+                tokio::spawn(crate::coalesce::Coalesce::new(conn.run(tcp, peer, permit)));
             }
             Err(_) if gate.evict_idlest() => {
                 let n = gate.evicted.load(Ordering::Relaxed);
@@ -345,7 +345,9 @@ pub async fn serve(
                 tokio::spawn(async move {
                     let wait = conn.gate.permits.clone().acquire_owned();
                     match tokio::time::timeout(EVICT_WAIT, wait).await {
-                        Ok(Ok(permit)) => conn.run(tcp, peer, permit).await,
+                        Ok(Ok(permit)) => {
+                            crate::coalesce::Coalesce::new(conn.run(tcp, peer, permit)).await
+                        }
                         _ => conn.gate.refuse(tcp, peer),
                     }
                 });

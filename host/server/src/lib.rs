@@ -9,6 +9,7 @@
 pub mod alloc;
 pub mod cache;
 pub mod cli;
+pub mod coalesce;
 pub mod conn;
 pub mod embed;
 pub mod grpc;
