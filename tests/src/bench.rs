@@ -93,6 +93,31 @@ struct Args {
     /// Length of the soak suite, in minutes.
     #[arg(long, default_value_t = 10.0)]
     soak_minutes: f64,
+    /// Run the http and grpc suites' clients on a thread of their own (a single-threaded
+    /// runtime), as a client in another process would be, instead of on the server's workers.
+    #[arg(long)]
+    client_thread: bool,
+}
+
+impl Args {
+    /// Runs a client load `fut` on the server's runtime `rt`, or on the clients' own thread
+    /// with `--client-thread`.
+    fn load<F: std::future::Future>(&self, rt: &tokio::runtime::Runtime, fut: F) -> F::Output {
+        if self.client_thread {
+            static CLIENT: std::sync::OnceLock<tokio::runtime::Runtime> =
+                std::sync::OnceLock::new();
+            CLIENT
+                .get_or_init(|| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("the clients' runtime")
+                })
+                .block_on(fut)
+        } else {
+            rt.block_on(fut)
+        }
+    }
 }
 
 struct Stats {
@@ -334,7 +359,7 @@ fn http_suite(
             args.max_requests,
         )?;
         for &c in &args.concurrency {
-            let s = rt.block_on(over_http(addr, &m, c, args.seconds, args.max_requests))?;
+            let s = args.load(rt, over_http(addr, &m, c, args.seconds, args.max_requests))?;
             println!(
                 "| {} | {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} |",
                 m.name,
@@ -350,16 +375,19 @@ fn http_suite(
         }
         // One client sending `GET /v2/health/live` back to back: the round trip that every
         // request over HTTP pays before any inference, here.
-        let floor = rt.block_on(http_load(
-            addr,
-            "GET",
-            "/v2/health/live".into(),
-            Vec::new(),
-            bytes::Bytes::new(),
-            1,
-            args.seconds,
-            args.max_requests,
-        ))?;
+        let floor = args.load(
+            rt,
+            http_load(
+                addr,
+                "GET",
+                "/v2/health/live".into(),
+                Vec::new(),
+                bytes::Bytes::new(),
+                1,
+                args.seconds,
+                args.max_requests,
+            ),
+        )?;
         println!(
             "| {} | 1 | GET /v2/health/live, the protocol's floor | | | {:.0} | {:.0} | {:.0} | | |",
             m.name,
@@ -533,14 +561,11 @@ fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
         let server = start_server(rt, &m.repo, engine)?;
         let grpc = server.grpc_addr().expect("gRPC is on");
         for &c in &args.batching_concurrency {
-            let h = rt.block_on(over_http(
-                server.http_addr(),
-                &m,
-                c,
-                args.seconds,
-                args.max_requests,
-            ))?;
-            let g = rt.block_on(over_grpc(grpc, &m, c, args.seconds, args.max_requests))?;
+            let h = args.load(
+                rt,
+                over_http(server.http_addr(), &m, c, args.seconds, args.max_requests),
+            )?;
+            let g = args.load(rt, over_grpc(grpc, &m, c, args.seconds, args.max_requests))?;
             println!(
                 "| {} | {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} |",
                 m.name,
