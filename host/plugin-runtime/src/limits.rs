@@ -198,21 +198,13 @@ pub fn check_override_narrows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wisp_core::config::ModelParameter;
 
     fn cfg(params: &[(&str, &str)]) -> ModelConfig {
         let mut c = ModelConfig {
             name: "p".into(),
             ..Default::default()
         };
-        for (k, v) in params {
-            c.parameters.insert(
-                k.to_string(),
-                ModelParameter {
-                    string_value: v.to_string(),
-                },
-            );
-        }
+        params.iter().for_each(|(k, v)| c.set_parameter(k, v));
         c
     }
 

@@ -475,6 +475,16 @@ impl ModelConfig {
         self.parameters.get(key).map(|p| p.string_value.as_str())
     }
 
+    /// Sets parameter `key` to `value` (`parameters { key: … value: { string_value: … } }`).
+    pub fn set_parameter(&mut self, key: &str, value: &str) {
+        self.parameters.insert(
+            key.to_string(),
+            ModelParameter {
+                string_value: value.to_string(),
+            },
+        );
+    }
+
     /// A parameter's value trimmed, `None` when it is absent or blank (blank means unset).
     pub fn parameter_set(&self, key: &str) -> Option<&str> {
         self.parameter(key).map(str::trim).filter(|v| !v.is_empty())

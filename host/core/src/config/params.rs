@@ -461,21 +461,13 @@ impl Sla {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ModelParameter;
 
     fn cfg(params: &[(&str, &str)]) -> ModelConfig {
         let mut c = ModelConfig {
             name: "p".into(),
             ..Default::default()
         };
-        for (k, v) in params {
-            c.parameters.insert(
-                k.to_string(),
-                ModelParameter {
-                    string_value: v.to_string(),
-                },
-            );
-        }
+        params.iter().for_each(|(k, v)| c.set_parameter(k, v));
         c
     }
 
