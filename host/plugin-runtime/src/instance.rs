@@ -69,20 +69,23 @@ fn classify(err: &wasmtime::Error, limits: &Limits, output: &PluginOutput) -> (F
     let (why, mut message) = match err.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => (
             Failure::Deadline,
-            format!("exceeded its deadline of {} ms", limits.timeout.as_millis()),
+            format!(
+                "exceeded its deadline of {} ms",
+                limits.sandbox.timeout.as_millis()
+            ),
         ),
         Some(Trap::OutOfFuel) => (
             Failure::Fuel,
             format!(
                 "ran out of fuel ({} units per call)",
-                limits.fuel.unwrap_or(0)
+                limits.sandbox.fuel.unwrap_or(0)
             ),
         ),
         _ if memory => (
             Failure::Memory,
             format!(
                 "exceeded its memory limit of {} MiB",
-                limits.memory_bytes >> 20
+                limits.sandbox.memory_bytes >> 20
             ),
         ),
         Some(trap) => (Failure::Trap, format!("trapped: {trap}")),
@@ -313,11 +316,11 @@ fn new_store(
         .allow_udp(false)
         .allow_ip_name_lookup(false)
         .envs(&limits.env);
-    if !limits.clock {
+    if !limits.sandbox.clock {
         wasi.wall_clock(FrozenWallClock)
             .monotonic_clock(FrozenMonotonicClock);
     }
-    if let Some(dir) = &limits.read_dir {
+    if let Some(dir) = &limits.sandbox.read_dir {
         wasi.preopened_dir(dir, GUEST_DATA_DIR, FsPerms::ReadOnly)
             .map_err(|e| {
                 (
@@ -333,11 +336,11 @@ fn new_store(
         wasi: wasi.build(),
         table: ResourceTable::new(),
         limits: crate::limits::Limiter {
-            memory_bytes: limits.memory_bytes,
+            memory_bytes: limits.sandbox.memory_bytes,
         },
         model: name.clone(),
         caller,
-        deadline: Instant::now() + limits.timeout,
+        deadline: Instant::now() + limits.sandbox.timeout,
         trace: None,
         call_path: Vec::new(),
     };
@@ -349,9 +352,9 @@ fn new_store(
 
 /// Sets the deadline (and fuel) for the next call.
 fn arm(store: &mut Store<State>, limits: &Limits) -> Result<()> {
-    store.set_epoch_deadline(deadline_ticks(limits.timeout));
-    store.data_mut().deadline = Instant::now() + limits.timeout;
-    if let Some(fuel) = limits.fuel {
+    store.set_epoch_deadline(deadline_ticks(limits.sandbox.timeout));
+    store.data_mut().deadline = Instant::now() + limits.sandbox.timeout;
+    if let Some(fuel) = limits.sandbox.fuel {
         store
             .set_fuel(fuel)
             .map_err(|e| Error::internal(format!("cannot set fuel: {e:#}")))?;

@@ -173,10 +173,8 @@ impl WasmBackend {
             .unwrap_or("")
             .to_string();
         // Read and checked with the config; the variables it grants are read now.
-        let limits = match &spec.params.sandbox {
-            Some(sandbox) => Limits::new(sandbox, &*self.env),
-            None => Limits::new(&Default::default(), &*self.env),
-        };
+        let sandbox = spec.params.sandbox.clone().unwrap_or_default();
+        let limits = Limits::new(sandbox, &*self.env);
         if config.input.is_empty() || config.output.is_empty() {
             return Err(Error::invalid(format!(
                 "model '{name}': a wasm model declares its inputs and outputs in config.pbtxt, or describes them itself (wisp:plugin@0.2.0 `describe`)"
@@ -188,7 +186,7 @@ impl WasmBackend {
                 model_file.display()
             ))
         })?;
-        let engine = self.engines.get(limits.fuel.is_some())?;
+        let engine = self.engines.get(limits.sandbox.fuel.is_some())?;
         let t0 = Instant::now();
         let (component, source) = self
             .engines

@@ -3,8 +3,7 @@
 //! Everything is denied unless granted: no filesystem, no environment, no network (there is no
 //! key to grant it), and a frozen clock. The limits have safe defaults.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 pub use wisp_core::config::params::{
     Sandbox, CLOCK_KEY, ENV_KEY, FUEL_KEY, MAX_MEMORY_MB, MEMORY_LIMIT_KEY, READ_DIR_KEY,
@@ -19,44 +18,25 @@ pub const GUEST_DATA_DIR: &str = "/data";
 
 /// A model's sandbox settings, as its instances apply them: the config's [`Sandbox`] with the
 /// values of the environment variables it grants.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Limits {
-    /// Linear-memory cap per instance, in bytes.
-    pub memory_bytes: usize,
-    /// Deadline for one `execute` (or `init`) call, host calls included.
-    pub timeout: Duration,
-    /// Fuel per call; `None` = unmetered.
-    pub fuel: Option<u64>,
-    /// Environment variables (name, value) copied in at instantiation.
+    /// The limits and grants the config asks for.
+    pub sandbox: Sandbox,
+    /// The granted environment variables (name, value) that were set at load, copied in at
+    /// instantiation.
     pub env: Vec<(String, String)>,
-    /// Real clocks instead of a frozen one.
-    pub clock: bool,
-    /// Host directory mounted read-only at [`GUEST_DATA_DIR`].
-    pub read_dir: Option<PathBuf>,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits::new(&Sandbox::default(), &std::collections::HashMap::new())
-    }
 }
 
 impl Limits {
     /// The limits of `sandbox`, with the variables it grants read from `env` now (a granted
     /// variable that `env` does not hold is left out).
-    pub fn new(sandbox: &Sandbox, env: &dyn EnvSource) -> Self {
-        Limits {
-            memory_bytes: sandbox.memory_bytes,
-            timeout: sandbox.timeout,
-            fuel: sandbox.fuel,
-            env: sandbox
-                .allow_env
-                .iter()
-                .filter_map(|name| env.var(name).map(|value| (name.clone(), value)))
-                .collect(),
-            clock: sandbox.clock,
-            read_dir: sandbox.read_dir.clone(),
-        }
+    pub fn new(sandbox: Sandbox, env: &dyn EnvSource) -> Self {
+        let env = sandbox
+            .allow_env
+            .iter()
+            .filter_map(|name| env.var(name).map(|value| (name.clone(), value)))
+            .collect();
+        Limits { sandbox, env }
     }
 }
 
@@ -222,15 +202,16 @@ mod tests {
             "WISP_LIMITS_TEST_VAR".to_string(),
             "yes".to_string(),
         )]);
-        let l = Limits::new(&sandbox, &env);
+        let l = Limits::new(sandbox, &env);
         assert_eq!(
             l.env,
             vec![("WISP_LIMITS_TEST_VAR".to_string(), "yes".to_string())]
         );
-        assert_eq!(l.fuel, Some(1000));
+        assert_eq!(l.sandbox.fuel, Some(1000));
         let d = Limits::default();
-        assert!(d.env.is_empty() && !d.clock && d.read_dir.is_none() && d.fuel.is_none());
-        assert_eq!(d.memory_bytes, 256 << 20);
+        assert!(d.env.is_empty() && !d.sandbox.clock && d.sandbox.read_dir.is_none());
+        assert!(d.sandbox.fuel.is_none());
+        assert_eq!(d.sandbox.memory_bytes, 256 << 20);
     }
 
     #[test]
