@@ -9,7 +9,8 @@
 //!   its best batch size.
 //!
 //! - `grpc`: HTTP (binary tensors) vs gRPC (`raw_input_contents`) on both models at concurrency
-//!   1, 8, 32.
+//!   1, 8, 32, with lean clients for both (see `lean`); with `--client-thread`, also the
+//!   server's CPU time per request for each.
 //! - `swap`: the longest gap in service while a model is reloaded several times under a client
 //!   loop, against the longest gap without reloads.
 //! - `plugins`: (a) an identity wasm plugin vs an identity ONNX model served side by side over
@@ -93,6 +94,10 @@ struct Args {
     /// Length of the soak suite, in minutes.
     #[arg(long, default_value_t = 10.0)]
     soak_minutes: f64,
+    /// Rounds of the grpc suite: each cell measures HTTP then gRPC this many times and reports
+    /// the medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Run the http and grpc suites' clients on a thread of their own (a single-threaded
     /// runtime), as a client in another process would be, instead of on the server's workers.
     #[arg(long)]
@@ -103,27 +108,67 @@ impl Args {
     /// Runs a client load `fut` on the server's runtime `rt`, or on the clients' own thread
     /// with `--client-thread`.
     fn load<F: std::future::Future>(&self, rt: &tokio::runtime::Runtime, fut: F) -> F::Output {
+        self.load_cpu(rt, fut).0
+    }
+
+    /// [`Args::load`], and the CPU time the rest of the process (the server) spent meanwhile:
+    /// the process's CPU time less this thread's, where the clients ran. Only with
+    /// `--client-thread`: on a shared runtime the two cannot be told apart.
+    fn load_cpu<F: std::future::Future>(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        fut: F,
+    ) -> (F::Output, Option<Duration>) {
         if self.client_thread {
             static CLIENT: std::sync::OnceLock<tokio::runtime::Runtime> =
                 std::sync::OnceLock::new();
-            CLIENT
-                .get_or_init(|| {
-                    tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .expect("the clients' runtime")
-                })
-                .block_on(fut)
+            let client = CLIENT.get_or_init(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("the clients' runtime")
+            });
+            let (process, thread) = (
+                cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID),
+                cpu_time(libc::CLOCK_THREAD_CPUTIME_ID),
+            );
+            let out = client.block_on(fut);
+            let process = cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID).saturating_sub(process);
+            let thread = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(thread);
+            (out, Some(process.saturating_sub(thread)))
         } else {
-            rt.block_on(fut)
+            (rt.block_on(fut), None)
         }
     }
+}
+
+/// CPU time (user and system) so far of `clock`: this process or this thread.
+fn cpu_time(clock: libc::clockid_t) -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    #[expect(
+        unsafe_code,
+        reason = "clock_gettime fills the one timespec it is given"
+    )]
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
 }
 
 struct Stats {
     rps: f64,
     p50: Duration,
     p99: Duration,
+    /// Every request sent, warm-up included (what the CPU measured around a load paid for).
+    sent: usize,
 }
 
 fn stats(mut lat: Vec<Duration>, wall: Duration) -> Stats {
@@ -138,6 +183,7 @@ fn stats(mut lat: Vec<Duration>, wall: Duration) -> Stats {
         rps: lat.len() as f64 / wall.as_secs_f64(),
         p50: pick(0.5),
         p99: pick(0.99),
+        sent: lat.len(),
     }
 }
 
@@ -265,9 +311,10 @@ async fn http_load(
         let (body, path, headers) = (body.clone(), path.clone(), headers.clone());
         tasks.push(tokio::spawn(async move {
             let mut c = Client::connect(addr).await?;
-            let warm = Instant::now();
+            let (warm, mut warmed) = (Instant::now(), 0);
             while warm.elapsed().as_secs_f64() < secs / 4.0 {
                 c.send(method, &path, &headers, body.clone()).await?;
+                warmed += 1;
             }
             let mut lat = Vec::new();
             let start = Instant::now();
@@ -282,23 +329,27 @@ async fn http_load(
                     String::from_utf8_lossy(&r.body)
                 );
             }
-            Ok::<_, anyhow::Error>((lat, start.elapsed()))
+            Ok::<_, anyhow::Error>((lat, start.elapsed(), warmed))
         }));
     }
     gather(tasks).await
 }
 
-/// Client tasks' latencies and measured times, merged: the wall time is the longest task's.
-type ClientTask = tokio::task::JoinHandle<anyhow::Result<(Vec<Duration>, Duration)>>;
+/// Client tasks' latencies, measured times and warm-up request counts, merged: the wall time is
+/// the longest task's.
+type ClientTask = tokio::task::JoinHandle<anyhow::Result<(Vec<Duration>, Duration, usize)>>;
 
 async fn gather(tasks: Vec<ClientTask>) -> anyhow::Result<Stats> {
-    let (mut all, mut wall) = (Vec::new(), Duration::ZERO);
+    let (mut all, mut wall, mut warmed) = (Vec::new(), Duration::ZERO, 0);
     for t in tasks {
-        let (lat, w) = t.await??;
+        let (lat, w, n) = t.await??;
         all.extend(lat);
         wall = wall.max(w);
+        warmed += n;
     }
-    Ok(stats(all, wall))
+    let mut st = stats(all, wall);
+    st.sent += warmed;
+    Ok(st)
 }
 
 fn us(d: Duration) -> f64 {
@@ -500,87 +551,325 @@ fn batching_suite(
     Ok(())
 }
 
-async fn over_grpc(
-    addr: std::net::SocketAddr,
+/// The grpc suite's load: `conc` lean clients (see [`lean`]) of `m` over gRPC
+/// (`raw_input_contents`) at `grpc`, or over HTTP with binary tensors at `http`, each on its own
+/// connection, sending back to back: a quarter of `secs` to warm up, then up to `secs` (and
+/// `cap` requests in all) measured.
+async fn lean_load(
+    target: Protocol,
     m: &Model,
     conc: usize,
     secs: f64,
     cap: usize,
 ) -> anyhow::Result<Stats> {
     use wisp_server::grpc::pb;
-    let req = pb::ModelInferRequest {
-        model_name: m.name.into(),
-        inputs: m
-            .input
-            .iter()
-            .map(|(n, dt, s, _)| pb::model_infer_request::InferInputTensor {
-                name: n.to_string(),
-                datatype: dt.to_string(),
-                shape: s.clone(),
-                ..Default::default()
-            })
-            .collect(),
-        raw_input_contents: m
-            .input
-            .iter()
-            .map(|(_, _, _, d)| bytes::Bytes::from(d.clone()))
-            .collect(),
-        ..Default::default()
+    let grpc_body = {
+        let req = pb::ModelInferRequest {
+            model_name: m.name.into(),
+            inputs: m
+                .input
+                .iter()
+                .map(|(n, dt, s, _)| pb::model_infer_request::InferInputTensor {
+                    name: n.to_string(),
+                    datatype: dt.to_string(),
+                    shape: s.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            raw_input_contents: m
+                .input
+                .iter()
+                .map(|(_, _, _, d)| bytes::Bytes::from(d.clone()))
+                .collect(),
+            ..Default::default()
+        };
+        let body = prost::Message::encode_to_vec(&req);
+        let mut framed = Vec::with_capacity(body.len() + 5);
+        framed.push(0);
+        framed.extend_from_slice(&u32::try_from(body.len())?.to_be_bytes());
+        framed.extend_from_slice(&body);
+        bytes::Bytes::from(framed)
     };
-    let req = Arc::new(req);
+    let (http_body, n) = binary_request(&m.input, true);
+    let http_body = bytes::Bytes::from(http_body);
+    let headers = Arc::new(vec![("inference-header-content-length", n.to_string())]);
+    let path = Arc::new(format!("/v2/models/{}/infer", m.name));
     let per_task_cap = cap.div_ceil(conc);
     let mut tasks = Vec::new();
     for _ in 0..conc {
-        let req = req.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut c = wisp_tests::GrpcClient::connect(addr).await?;
-            let warm = Instant::now();
-            while warm.elapsed().as_secs_f64() < secs / 4.0 {
-                let r: Result<pb::ModelInferResponse, _> = c.unary("ModelInfer", &*req).await?;
-                r.map_err(|(code, msg)| anyhow!("gRPC {code}: {msg}"))?;
-            }
-            let mut lat = Vec::new();
-            let start = Instant::now();
-            while start.elapsed().as_secs_f64() < secs && lat.len() < per_task_cap {
-                let t = Instant::now();
-                let r: Result<pb::ModelInferResponse, _> = c.unary("ModelInfer", &*req).await?;
-                lat.push(t.elapsed());
-                r.map_err(|(code, msg)| anyhow!("gRPC {code}: {msg}"))?;
-            }
-            Ok::<_, anyhow::Error>((lat, start.elapsed()))
-        }));
+        let (grpc_body, http_body, headers, path) = (
+            grpc_body.clone(),
+            http_body.clone(),
+            headers.clone(),
+            path.clone(),
+        );
+        // (the connection is polled in this task, so it wakes this task while it runs:
+        // `Coalesce` keeps that wake from becoming a yield, as the server's connections do)
+        tasks.push(tokio::spawn(wisp_server::coalesce::Coalesce::new(
+            async move {
+                enum C {
+                    Http(lean::Http),
+                    Grpc(lean::Grpc),
+                }
+                let mut c = match target {
+                    Protocol::Http(a) => C::Http(lean::Http::connect(a).await?),
+                    Protocol::Grpc(a) => C::Grpc(lean::Grpc::connect(a).await?),
+                };
+                let mut one = async || match &mut c {
+                    C::Http(c) => c.post(&path, &headers, http_body.clone()).await,
+                    C::Grpc(c) => c.unary("ModelInfer", grpc_body.clone()).await,
+                };
+                let (warm, mut warmed) = (Instant::now(), 0);
+                while warm.elapsed().as_secs_f64() < secs / 4.0 {
+                    one().await?;
+                    warmed += 1;
+                }
+                let mut lat = Vec::new();
+                let start = Instant::now();
+                while start.elapsed().as_secs_f64() < secs && lat.len() < per_task_cap {
+                    let t = Instant::now();
+                    let r = one().await?;
+                    lat.push(t.elapsed());
+                    anyhow::ensure!(!r.is_empty(), "an empty response");
+                }
+                Ok::<_, anyhow::Error>((lat, start.elapsed(), warmed))
+            },
+        )));
     }
     gather(tasks).await
 }
 
+/// Where [`lean_load`] sends its requests.
+#[derive(Clone, Copy)]
+enum Protocol {
+    Http(std::net::SocketAddr),
+    Grpc(std::net::SocketAddr),
+}
+
+/// The grpc suite's clients: each drives its own connection in the calling task (no connection
+/// task to hand requests to, no task spawned per request), as a lean client in another process
+/// would, so that the suite compares what the two protocols cost the server rather than what
+/// hyper's clients cost (its HTTP/2 client spawns a task for every request body).
+mod lean {
+    use std::net::SocketAddr;
+    use std::pin::Pin;
+
+    use anyhow::{anyhow, Context};
+    use bytes::{Bytes, BytesMut};
+    use http_body_util::{BodyExt, Full};
+    use hyper::http;
+    use hyper_util::rt::TokioIo;
+    use tokio::net::TcpStream;
+
+    async fn tcp(addr: SocketAddr) -> anyhow::Result<TcpStream> {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connect {addr}"))?;
+        tcp.set_nodelay(true)?;
+        Ok(tcp)
+    }
+
+    /// HTTP/1.1 keep-alive on hyper's client connection, polled beside each request.
+    pub struct Http {
+        send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+        conn: Pin<Box<hyper::client::conn::http1::Connection<TokioIo<TcpStream>, Full<Bytes>>>>,
+    }
+
+    impl Http {
+        pub async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+            let (send, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(tcp(addr).await?)).await?;
+            Ok(Http {
+                send,
+                conn: Box::pin(conn),
+            })
+        }
+
+        /// `POST path` with `body`; the response body, required to be a 200's.
+        pub async fn post(
+            &mut self,
+            path: &str,
+            headers: &[(&str, String)],
+            body: Bytes,
+        ) -> anyhow::Result<Bytes> {
+            let Http { send, conn } = self;
+            let mut req = http::Request::post(path).header("host", "127.0.0.1");
+            for (k, v) in headers {
+                req = req.header(*k, v);
+            }
+            let req = req.body(Full::new(body))?;
+            let call = async {
+                std::future::poll_fn(|cx| send.poll_ready(cx)).await?;
+                let resp = send.send_request(req).await?;
+                let status = resp.status();
+                let body = resp.into_body().collect().await?.to_bytes();
+                anyhow::ensure!(
+                    status == 200,
+                    "HTTP {status}: {}",
+                    String::from_utf8_lossy(&body)
+                );
+                Ok(body)
+            };
+            tokio::select! {
+                biased;
+                r = call => r,
+                r = conn.as_mut() => Err(anyhow!("connection ended: {r:?}")),
+            }
+        }
+    }
+
+    /// gRPC unary calls on `h2`'s client connection, polled beside each call. Each call's
+    /// HEADERS and DATA frames go out in one write.
+    pub struct Grpc {
+        send: h2::client::SendRequest<Bytes>,
+        conn: Pin<Box<h2::client::Connection<TcpStream, Bytes>>>,
+    }
+
+    impl Grpc {
+        pub async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+            let (send, conn) = h2::client::handshake(tcp(addr).await?).await?;
+            Ok(Grpc {
+                send,
+                conn: Box::pin(conn),
+            })
+        }
+
+        /// Calls `/inference.GRPCInferenceService/<method>` with `framed` (a length-prefixed
+        /// message); the response message's bytes, required to come with status OK.
+        pub async fn unary(&mut self, method: &str, framed: Bytes) -> anyhow::Result<Bytes> {
+            let Grpc { send, conn } = self;
+            let req = http::Request::post(format!(
+                "http://127.0.0.1/inference.GRPCInferenceService/{method}"
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())?;
+            let call = async {
+                std::future::poll_fn(|cx| send.poll_ready(cx)).await?;
+                let (resp, mut stream) = send.send_request(req, false)?;
+                stream.send_data(framed, true)?;
+                let (parts, mut body) = resp.await?.into_parts();
+                let mut msg = BytesMut::new();
+                while let Some(chunk) = body.data().await {
+                    let chunk = chunk?;
+                    body.flow_control().release_capacity(chunk.len())?;
+                    msg.extend_from_slice(&chunk);
+                }
+                let trailers = body.trailers().await?.unwrap_or_default();
+                let status = trailers
+                    .get("grpc-status")
+                    .or_else(|| parts.headers.get("grpc-status"));
+                anyhow::ensure!(
+                    parts.status == 200 && status.is_some_and(|s| s == "0"),
+                    "gRPC call failed: HTTP {}, grpc-status {status:?}, grpc-message {:?}",
+                    parts.status,
+                    trailers.get("grpc-message")
+                );
+                anyhow::ensure!(msg.len() >= 5, "short gRPC response");
+                Ok(msg.freeze().slice(5..))
+            };
+            tokio::select! {
+                biased;
+                r = call => r,
+                r = conn.as_mut() => Err(anyhow!("connection ended: {r:?}")),
+            }
+        }
+    }
+}
+
 fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> anyhow::Result<()> {
-    println!("## grpc: HTTP (binary tensors) vs gRPC (raw contents), same server\n");
-    println!("| model | concurrency | HTTP req/s | p50 µs | p99 µs | gRPC req/s | p50 µs | p99 µs | gRPC/HTTP throughput |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    let rounds = args.rounds.max(1);
+    println!(
+        "## grpc: HTTP (binary tensors) vs gRPC (raw contents), same server, lean clients; \
+         medians of {rounds} alternating round(s)\n"
+    );
+    println!("| model | concurrency | HTTP req/s | p50 µs | p99 µs | server CPU µs/req | gRPC req/s | p50 µs | p99 µs | server CPU µs/req | gRPC/HTTP throughput (range) | HTTP/gRPC server CPU (range) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    // Server CPU per request (every request sent, warm-up included), with --client-thread.
+    let per_req = |cpu: Option<Duration>, s: &Stats| cpu.map(|c| us(c) / s.sent.max(1) as f64);
     for m in models() {
         let server = start_server(rt, &m.repo, engine)?;
         let grpc = server.grpc_addr().expect("gRPC is on");
         for &c in &args.batching_concurrency {
-            let h = args.load(
-                rt,
-                over_http(server.http_addr(), &m, c, args.seconds, args.max_requests),
-            )?;
-            let g = args.load(rt, over_grpc(grpc, &m, c, args.seconds, args.max_requests))?;
+            // One row per round: HTTP then gRPC, so that drifts in the machine hit both.
+            let mut runs = Vec::new();
+            for _ in 0..rounds {
+                let (h, h_cpu) = args.load_cpu(
+                    rt,
+                    lean_load(
+                        Protocol::Http(server.http_addr()),
+                        &m,
+                        c,
+                        args.seconds,
+                        args.max_requests,
+                    ),
+                );
+                let h = h?;
+                let (g, g_cpu) = args.load_cpu(
+                    rt,
+                    lean_load(Protocol::Grpc(grpc), &m, c, args.seconds, args.max_requests),
+                );
+                let g = g?;
+                let (h_cpu, g_cpu) = (per_req(h_cpu, &h), per_req(g_cpu, &g));
+                runs.push([
+                    h.rps,
+                    us(h.p50),
+                    us(h.p99),
+                    h_cpu.unwrap_or(f64::NAN),
+                    g.rps,
+                    us(g.p50),
+                    us(g.p99),
+                    g_cpu.unwrap_or(f64::NAN),
+                    g.rps / h.rps,
+                    h_cpu.zip(g_cpu).map_or(f64::NAN, |(h, g)| h / g),
+                ]);
+            }
+            let col = |i: usize| {
+                let mut v: Vec<f64> = runs.iter().map(|r| r[i]).collect();
+                v.sort_by(f64::total_cmp);
+                v
+            };
+            let median = |i: usize| col(i)[runs.len() / 2];
+            let cpu = |i: usize| {
+                let v = median(i);
+                if v.is_nan() {
+                    "—".to_string()
+                } else {
+                    format!("{v:.1}")
+                }
+            };
+            let ratio = |i: usize| {
+                let v = col(i);
+                match (v.first(), v.last()) {
+                    (Some(lo), Some(hi)) if !lo.is_nan() && !hi.is_nan() => {
+                        format!("{:.2} ({lo:.2}–{hi:.2})", v[v.len() / 2])
+                    }
+                    _ => "—".to_string(),
+                }
+            };
             println!(
-                "| {} | {c} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} |",
+                "| {} | {c} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
                 m.name,
-                h.rps,
-                us(h.p50),
-                us(h.p99),
-                g.rps,
-                us(g.p50),
-                us(g.p99),
-                g.rps / h.rps
+                median(0),
+                median(1),
+                median(2),
+                cpu(3),
+                median(4),
+                median(5),
+                median(6),
+                cpu(7),
+                ratio(8),
+                ratio(9),
             );
         }
         rt.block_on(server.shutdown())?;
     }
     println!();
+    println!(
+        "(each figure is the median over the rounds, the ratios' ranges are their lowest and \
+         highest round; server CPU: the process's CPU time less the client thread's over the \
+         whole load, warm-up included, per request sent, only with --client-thread)\n"
+    );
     Ok(())
 }
 
@@ -963,9 +1252,10 @@ async fn client_side(
         let (png, opts) = (png.clone(), opts.clone());
         tasks.push(tokio::spawn(async move {
             let mut c = Client::connect(addr).await?;
-            let warm = Instant::now();
+            let (warm, mut warmed) = (Instant::now(), 0);
             while warm.elapsed().as_secs_f64() < secs / 4.0 {
                 client_side_once(&mut c, &png, &opts).await?;
+                warmed += 1;
             }
             let mut lat = Vec::new();
             let start = Instant::now();
@@ -974,7 +1264,7 @@ async fn client_side(
                 client_side_once(&mut c, &png, &opts).await?;
                 lat.push(t.elapsed());
             }
-            Ok::<_, anyhow::Error>((lat, start.elapsed()))
+            Ok::<_, anyhow::Error>((lat, start.elapsed(), warmed))
         }));
     }
     gather(tasks).await
@@ -1566,7 +1856,7 @@ async fn big_requests(
             let mut lat = Vec::new();
             let warm = Instant::now();
             let mut start = Instant::now();
-            let mut measuring = false;
+            let (mut measuring, mut warmed) = (false, 0);
             // (warm-up runs until it ends, however long one request takes)
             while (!measuring || start.elapsed().as_secs_f64() < secs) && lat.len() < cap {
                 if !measuring && warm.elapsed().as_secs_f64() >= secs / 4.0 {
@@ -1588,9 +1878,11 @@ async fn big_requests(
                 anyhow::ensure!(got >= SHM_BYTES, "short output: {got} bytes");
                 if measuring {
                     lat.push(t.elapsed());
+                } else {
+                    warmed += 1;
                 }
             }
-            Ok::<_, anyhow::Error>((lat, start.elapsed()))
+            Ok::<_, anyhow::Error>((lat, start.elapsed(), warmed))
         }));
     }
     gather(tasks).await

@@ -61,10 +61,11 @@ async fn cycle(
         tasks.push(tokio::spawn(async move {
             let mut c = Client::connect(addr).await?;
             let mut next = task;
-            let warm = Instant::now();
+            let (warm, mut warmed) = (Instant::now(), 0);
             while warm.elapsed().as_secs_f64() < secs / 4.0 {
                 next += 1;
                 send_one(&mut c, &path, binary, &bodies[next % bodies.len()]).await?;
+                warmed += 1;
             }
             let mut lat = Vec::new();
             let start = Instant::now();
@@ -74,7 +75,7 @@ async fn cycle(
                 send_one(&mut c, &path, binary, &bodies[next % bodies.len()]).await?;
                 lat.push(t.elapsed());
             }
-            Ok::<_, anyhow::Error>((lat, start.elapsed()))
+            Ok::<_, anyhow::Error>((lat, start.elapsed(), warmed))
         }));
     }
     gather(tasks).await
