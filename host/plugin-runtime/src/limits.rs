@@ -100,12 +100,14 @@ impl wasmtime::ResourceLimiter for Limiter {
     }
 }
 
-/// Checks that `over`, a config that arrived with a load request, grants a plugin no more than
-/// `base`, the repository's own config, does: grants may only be dropped and limits only
-/// lowered. Capability grants come from the repository's files, never from the network.
+/// Checks that `over`, a config that arrived with a load request (validated, its sandbox read
+/// into `o`), grants a plugin no more than `base`, the repository's own config, does: grants
+/// may only be dropped and limits only lowered. Capability grants come from the repository's
+/// files, never from the network.
 pub fn check_override_narrows(
     base: &ModelConfig,
     over: &ModelConfig,
+    o: &Sandbox,
     model_dir: &Path,
 ) -> Result<()> {
     let deny = |key: &str, why: String| {
@@ -114,11 +116,8 @@ pub fn check_override_narrows(
             over.name
         )))
     };
-    let read = |cfg: &ModelConfig| {
-        Sandbox::of(cfg, model_dir)
-            .map_err(|e| Error::invalid(format!("model '{}': {}: {}", cfg.name, e.path, e.message)))
-    };
-    let (b, o) = (read(base)?, read(over)?);
+    let b = Sandbox::of(base, model_dir)
+        .map_err(|e| Error::invalid(format!("model '{}': {}: {}", base.name, e.path, e.message)))?;
     if o.memory_bytes > b.memory_bytes {
         return deny(
             MEMORY_LIMIT_KEY,
@@ -224,7 +223,11 @@ mod tests {
             (READ_DIR_KEY, "assets"),
             (FUEL_KEY, "1000"),
         ]);
-        let ok = |params: &[(&str, &str)]| check_override_narrows(&base, &cfg(params), dir.path());
+        let ok = |params: &[(&str, &str)]| {
+            let over = cfg(params);
+            let sandbox = Sandbox::of(&over, dir.path()).map_err(|e| Error::invalid(e.message))?;
+            check_override_narrows(&base, &over, &sandbox, dir.path())
+        };
         ok(&[(MEMORY_LIMIT_KEY, "32"), (FUEL_KEY, "10")]).unwrap();
         ok(&[
             (ENV_KEY, "B"),

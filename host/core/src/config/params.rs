@@ -7,6 +7,7 @@
 //! Parameters under other prefixes are the model's own and are passed through untouched.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{ConfigError, ModelConfig};
@@ -68,8 +69,9 @@ pub struct Params {
     pub sandbox: Option<Sandbox>,
     /// ONNX Runtime's thread counts, as far as an ONNX model's config sets them.
     pub onnx: OnnxThreads,
-    /// How the model joins the embeddings API, when it does (`openai.api: "embeddings"`).
-    pub embeddings: Option<EmbeddingApi>,
+    /// How the model joins the embeddings API, when it does (`openai.api: "embeddings"`);
+    /// shared, since every embeddings request reads it.
+    pub embeddings: Option<Arc<EmbeddingApi>>,
     /// The SLA a new version is watched against, when the config declares one.
     pub sla: Option<Sla>,
 }
@@ -95,7 +97,7 @@ pub(super) fn read(
     } else {
         OnnxThreads::default()
     };
-    let embeddings = ok(EmbeddingApi::of(cfg), errs).flatten();
+    let embeddings = ok(EmbeddingApi::of(cfg), errs).flatten().map(Arc::new);
     let sla = ok(Sla::of(cfg), errs).flatten();
     Params {
         sandbox,

@@ -260,8 +260,8 @@ pub(super) fn prepare_config_from(
     // `wasm.*`, `openai.*` and `sla.*` parameters are read and checked here with the rest:
     // one that does not fit fails the load, not each call.
     let spec = config::validate(cfg, name, &dir.path)?;
-    let cfg = &*spec.config;
-    if config_json.is_some() && cfg.is_wasm() {
+    // (a sandbox is read exactly for a plugin's config)
+    if let (Some(_), Some(sandbox)) = (&config_json, &spec.params.sandbox) {
         // A config from the network may narrow the repository's sandbox, never widen it.
         let base = match std::fs::read_to_string(dir.path.join("config.pbtxt")) {
             Ok(text) => config::parse_pbtxt(name, &text)?,
@@ -270,7 +270,12 @@ pub(super) fn prepare_config_from(
                 ..Default::default()
             },
         };
-        wisp_plugin_runtime::limits::check_override_narrows(&base, cfg, &dir.path)?;
+        wisp_plugin_runtime::limits::check_override_narrows(
+            &base,
+            &spec.config,
+            sandbox,
+            &dir.path,
+        )?;
     }
     Ok((spec, verified))
 }

@@ -115,7 +115,7 @@ impl Service {
     fn api_version(
         &self,
         id: &str,
-    ) -> std::result::Result<(Arc<ModelVersion>, EmbeddingApi), ApiFailure> {
+    ) -> std::result::Result<(Arc<ModelVersion>, Arc<EmbeddingApi>), ApiFailure> {
         let not_found = || ApiFailure {
             error: Error::not_found(format!(
                 "The model `{id}` does not exist or is not served on this API."
