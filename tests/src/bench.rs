@@ -583,12 +583,7 @@ async fn lean_load(
                 .collect(),
             ..Default::default()
         };
-        let body = prost::Message::encode_to_vec(&req);
-        let mut framed = Vec::with_capacity(body.len() + 5);
-        framed.push(0);
-        framed.extend_from_slice(&u32::try_from(body.len())?.to_be_bytes());
-        framed.extend_from_slice(&body);
-        bytes::Bytes::from(framed)
+        wisp_tests::grpc_frame(&req)
     };
     let (http_body, n) = binary_request(&m.input, true);
     let http_body = bytes::Bytes::from(http_body);
@@ -710,11 +705,7 @@ mod lean {
                 );
                 Ok(body)
             };
-            tokio::select! {
-                biased;
-                r = call => r,
-                r = conn.as_mut() => Err(anyhow!("connection ended: {r:?}")),
-            }
+            beside(call, conn.as_mut()).await
         }
     }
 
@@ -768,11 +759,20 @@ mod lean {
                 anyhow::ensure!(msg.len() >= 5, "short gRPC response");
                 Ok(msg.freeze().slice(5..))
             };
-            tokio::select! {
-                biased;
-                r = call => r,
-                r = conn.as_mut() => Err(anyhow!("connection ended: {r:?}")),
-            }
+            beside(call, conn.as_mut()).await
+        }
+    }
+
+    /// Runs `call` while polling its connection `conn` in the same task; a connection that
+    /// ends first is an error.
+    async fn beside<T, E: std::fmt::Debug>(
+        call: impl std::future::Future<Output = anyhow::Result<T>>,
+        conn: Pin<&mut impl std::future::Future<Output = Result<(), E>>>,
+    ) -> anyhow::Result<T> {
+        tokio::select! {
+            biased;
+            r = call => r,
+            r = conn => Err(anyhow!("connection ended: {r:?}")),
         }
     }
 }

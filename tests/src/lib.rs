@@ -280,11 +280,7 @@ impl GrpcClient {
         msg: &Req,
         headers: &[(&str, &str)],
     ) -> anyhow::Result<Result<Resp, (i32, String)>> {
-        let body = msg.encode_to_vec();
-        let mut framed = Vec::with_capacity(body.len() + 5);
-        framed.push(0);
-        framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        framed.extend_from_slice(&body);
+        let framed = grpc_frame(msg);
         let req = hyper::Request::builder()
             .method("POST")
             .uri(format!(
@@ -295,7 +291,7 @@ impl GrpcClient {
         let req = headers
             .iter()
             .fold(req, |r, (k, v)| r.header(*k, *v))
-            .body(Full::new(Bytes::from(framed)))?;
+            .body(Full::new(framed))?;
         self.sender.ready().await?;
         let resp = self.sender.send_request(req).await?;
         let headers = resp.headers().clone();
@@ -319,6 +315,17 @@ impl GrpcClient {
         anyhow::ensure!(bytes.len() >= 5, "short gRPC response");
         Ok(Ok(Resp::decode(&bytes[5..])?))
     }
+}
+
+/// `msg` as one gRPC message on the wire: uncompressed, its length as 4 big-endian bytes,
+/// then the protobuf.
+pub fn grpc_frame(msg: &impl prost::Message) -> Bytes {
+    let len = msg.encoded_len();
+    let mut framed = Vec::with_capacity(len + 5);
+    framed.push(0);
+    framed.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    msg.encode_raw(&mut framed);
+    Bytes::from(framed)
 }
 
 /// Decodes gRPC's percent-encoded `grpc-message`.
