@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
-use wisp_core::config::{IoSpec, ModelConfig, ModelIo, ModelSpec};
+use wisp_core::config::{IoSpec, ModelIo, ModelSpec, Signature};
 use wisp_core::tensor::{concat_batch, element_count, split_batch};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
 
@@ -98,7 +98,7 @@ impl Backend for OnnxBackend {
     fn load(&self, model: &ModelSpec, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
         let config = &*model.config;
         let io = tract_engine::describe(model_file)?;
-        let spec = Arc::new(Spec::new(config, &io)?);
+        let spec = Arc::new(Spec::new(&model.signature, &io)?);
         let instances = config.instance_count().max(1);
         let threads = model.params.onnx;
         let intra = threads
@@ -129,16 +129,14 @@ pub(crate) struct Spec {
 }
 
 impl Spec {
-    fn new(cfg: &ModelConfig, io: &ModelIo) -> Result<Self> {
+    fn new(sig: &Signature, io: &ModelIo) -> Result<Self> {
         let mut inputs = Vec::new();
-        for i in &cfg.input {
-            let dt = i
-                .data_type
-                .ok_or_else(|| Error::invalid(format!("input '{}': no data_type", i.name)))?;
+        for i in &sig.inputs {
+            let dt = i.datatype;
             let Some(file) = io.inputs.iter().find(|t| t.name == i.name) else {
                 return Err(Error::invalid(format!(
                     "model '{}': config input '{}' is not an input of the ONNX model (it has: {})",
-                    cfg.name,
+                    sig.model,
                     i.name,
                     names(&io.inputs)
                 )));
@@ -146,45 +144,41 @@ impl Spec {
             if file.datatype != Some(dt) {
                 return Err(Error::invalid(format!(
                     "model '{}': input '{}' is {} in the config but {} in the ONNX model",
-                    cfg.name,
+                    sig.model,
                     i.name,
                     dt.config_name(),
                     file.datatype
                         .map_or("an unsupported type", |d| d.config_name())
                 )));
             }
-            inputs.push((
-                i.name.clone(),
-                dt,
-                i.reshape.as_ref().map(|r| r.shape.clone()),
-            ));
+            inputs.push((i.name.clone(), dt, i.reshape.clone()));
         }
-        for o in &cfg.output {
+        for o in &sig.outputs {
             let Some(file) = io.outputs.iter().find(|t| t.name == o.name) else {
                 return Err(Error::invalid(format!(
                     "model '{}': config output '{}' is not an output of the ONNX model (it has: {})",
-                    cfg.name,
+                    sig.model,
                     o.name,
                     names(&io.outputs)
                 )));
             };
-            let dt = o.data_type;
-            if file.datatype != dt {
+            let dt = o.datatype;
+            if file.datatype != Some(dt) {
                 return Err(Error::invalid(format!(
                     "model '{}': output '{}' is {} in the config but {} in the ONNX model",
-                    cfg.name,
+                    sig.model,
                     o.name,
-                    wisp_core::config::type_name(dt),
+                    dt.config_name(),
                     file.datatype
                         .map_or("an unsupported type", |d| d.config_name())
                 )));
             }
         }
         for i in &io.inputs {
-            if !cfg.input.iter().any(|c| c.name == i.name) {
+            if sig.input(&i.name).is_none() {
                 return Err(Error::invalid(format!(
                     "model '{}': ONNX input '{}' is missing from the config",
-                    cfg.name, i.name
+                    sig.model, i.name
                 )));
             }
         }
@@ -192,10 +186,8 @@ impl Spec {
             .outputs
             .iter()
             .map(|o| {
-                let dims = cfg
-                    .output
-                    .iter()
-                    .find(|c| c.name == o.name)
+                let dims = sig
+                    .output(&o.name)
                     .filter(|c| c.reshape.is_some())
                     .map(|c| c.dims.clone());
                 (o.name.clone(), dims)
@@ -205,16 +197,16 @@ impl Spec {
             .inputs
             .iter()
             .map(|f| {
-                let c = cfg.input.iter().find(|c| c.name == f.name)?;
-                let mut shape: Vec<i64> = if cfg.batches() { vec![1] } else { vec![] };
-                shape.extend(c.reshape.as_ref().map_or(&c.dims, |r| &r.shape));
+                let c = sig.input(&f.name)?;
+                let mut shape: Vec<i64> = if sig.batches() { vec![1] } else { vec![] };
+                shape.extend(c.reshape.as_ref().unwrap_or(&c.dims));
                 shape.iter().all(|&d| d >= 0).then_some(shape)
             })
             .collect();
         Ok(Spec {
             batch1_shapes,
-            model: cfg.name.clone(),
-            batches: cfg.batches(),
+            model: sig.model.clone(),
+            batches: sig.batches(),
             inputs,
             outputs,
             file_inputs: io.inputs.clone(),

@@ -1,6 +1,6 @@
 //! Protocol-neutral inference requests and responses, shared by every front end and backend.
 
-use crate::config::ModelConfig;
+use crate::config::Signature;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -171,16 +171,15 @@ impl InferResponse {
 /// inputs), every required input present, every requested output known. Every entry point
 /// (HTTP, gRPC, a plugin's wasi-nn call, an ensemble step) runs it before scheduling; errors
 /// name the tensor.
-pub fn validate(req: &InferRequest, cfg: &ModelConfig) -> Result<()> {
-    let model = &cfg.name;
+pub fn validate(req: &InferRequest, sig: &Signature) -> Result<()> {
+    let model = &sig.model;
     let mut batch: Option<i64> = None;
     for t in &req.inputs {
-        let Some(c) = cfg.input.iter().find(|c| c.name == t.name) else {
-            let known: Vec<&str> = cfg.input.iter().map(|c| c.name.as_str()).collect();
+        let Some(c) = sig.input(&t.name) else {
             return Err(Error::invalid(format!(
                 "unexpected inference input '{}' for model '{model}' (inputs: {})",
                 t.name,
-                known.join(", ")
+                sig.input_names()
             )));
         };
         if req.inputs.iter().filter(|o| o.name == t.name).count() > 1 {
@@ -189,16 +188,13 @@ pub fn validate(req: &InferRequest, cfg: &ModelConfig) -> Result<()> {
                 t.name
             )));
         }
-        let want = c.data_type;
-        if want != Some(t.datatype) {
+        if c.datatype != t.datatype {
             return Err(Error::invalid(format!(
                 "inference input '{}' data-type is '{}', but model '{model}' expects '{}'",
-                t.name,
-                t.datatype,
-                want.map_or("?", |d| d.as_str())
+                t.name, t.datatype, c.datatype
             )));
         }
-        let dims = if cfg.batches() {
+        let dims = if sig.batches() {
             let Some((&b, rest)) = t.shape.split_first() else {
                 return Err(Error::invalid(format!(
                     "input '{}': shape [] has no batch dimension; model '{model}' expects [-1{}]",
@@ -206,10 +202,10 @@ pub fn validate(req: &InferRequest, cfg: &ModelConfig) -> Result<()> {
                     c.dims.iter().map(|d| format!(", {d}")).collect::<String>()
                 )));
             };
-            if b < 1 || b > cfg.max_batch_size as i64 {
+            if b < 1 || b > i64::from(sig.max_batch_size) {
                 return Err(Error::invalid(format!(
                     "input '{}': batch size {b} is outside 1..={} for model '{model}'",
-                    t.name, cfg.max_batch_size
+                    t.name, sig.max_batch_size
                 )));
             }
             if *batch.get_or_insert(b) != b {
@@ -229,7 +225,7 @@ pub fn validate(req: &InferRequest, cfg: &ModelConfig) -> Result<()> {
                 .zip(&c.dims)
                 .all(|(&got, &want)| want < 0 || got == want);
         if !fits {
-            let expect: Vec<i64> = if cfg.batches() {
+            let expect: Vec<i64> = if sig.batches() {
                 std::iter::once(-1).chain(c.dims.iter().copied()).collect()
             } else {
                 c.dims.clone()
@@ -240,11 +236,11 @@ pub fn validate(req: &InferRequest, cfg: &ModelConfig) -> Result<()> {
             )));
         }
     }
-    for c in cfg.input.iter().filter(|c| !c.optional) {
+    for c in sig.inputs.iter().filter(|c| !c.optional) {
         if !req.inputs.iter().any(|t| t.name == c.name) {
             return Err(Error::invalid(format!(
                 "expected {} inputs but got {} inputs for model '{model}': missing input '{}'",
-                cfg.input.iter().filter(|c| !c.optional).count(),
+                sig.inputs.iter().filter(|c| !c.optional).count(),
                 req.inputs.len(),
                 c.name
             )));
@@ -256,11 +252,10 @@ pub fn validate(req: &InferRequest, cfg: &ModelConfig) -> Result<()> {
                 "output '{name}' is requested more than once"
             )));
         }
-        if !cfg.output.iter().any(|c| &c.name == name) {
-            let known: Vec<&str> = cfg.output.iter().map(|c| c.name.as_str()).collect();
+        if sig.output(name).is_none() {
             return Err(Error::invalid(format!(
                 "unexpected inference output '{name}' for model '{model}' (outputs: {})",
-                known.join(", ")
+                sig.output_names()
             )));
         }
     }
@@ -297,17 +292,21 @@ mod scheduling_tests {
 #[cfg(test)]
 mod validate_tests {
     use super::*;
-    use crate::config::ModelOutput;
+    use crate::config::TensorSpec;
 
     #[test]
     fn an_output_requested_twice_is_named() {
-        let cfg = ModelConfig {
-            name: "m".into(),
-            output: vec![ModelOutput {
+        let cfg = Signature {
+            model: "m".into(),
+            max_batch_size: 0,
+            inputs: vec![],
+            outputs: vec![TensorSpec {
                 name: "y".into(),
-                ..Default::default()
+                datatype: crate::DataType::Fp32,
+                dims: vec![1],
+                reshape: None,
+                optional: false,
             }],
-            ..Default::default()
         };
         let mut req = InferRequest {
             requested_outputs: vec!["y".into()],

@@ -7,7 +7,7 @@ use wasmtime::component::{Component, ComponentExportIndex, Func, InstancePre, Re
 use wasmtime::{Store, Trap};
 use wasmtime_wasi::{FsPerms, HostMonotonicClock, HostWallClock, WasiCtxBuilder};
 use wisp_core::backend::{ExecTiming, Instance};
-use wisp_core::config::ModelConfig;
+use wisp_core::config::{ModelConfig, Signature};
 use wisp_core::{Error, InferRequest, InferResponse, Result};
 
 use crate::engine::deadline_ticks;
@@ -21,6 +21,7 @@ pub(crate) struct Shared {
     pub name: Arc<str>,
     pub version: String,
     pub config: Arc<ModelConfig>,
+    pub signature: Arc<Signature>,
     pub limits: Limits,
     pub pre: Pre,
     pub caller: Option<Arc<dyn ModelCaller>>,
@@ -387,13 +388,13 @@ impl WasmInstance {
         request: &InferRequest,
         response: host::wit::Response,
     ) -> Result<InferResponse> {
-        let cfg = &self.shared.config;
-        let batched = cfg.max_batch_size > 0;
+        let sig = &self.shared.signature;
+        let batched = sig.batches();
         let rows = request.batch_size(batched) as i64;
         let mut outputs = Vec::with_capacity(response.outputs.len());
         for t in response.outputs {
             let t = host::from_wit_tensor(t)?;
-            let Some(c) = cfg.output.iter().find(|c| c.name == t.name) else {
+            let Some(c) = sig.output(&t.name) else {
                 return Err(Error::internal(format!(
                     "returned output '{}', which the config does not declare",
                     t.name
@@ -405,12 +406,12 @@ impl WasmInstance {
                     t.name
                 )));
             }
-            if c.data_type != Some(t.datatype) {
+            if c.datatype != t.datatype {
                 return Err(Error::internal(format!(
                     "returned output '{}' as {}, the config declares {}",
                     t.name,
                     t.datatype,
-                    wisp_core::config::type_name(c.data_type)
+                    c.datatype.config_name()
                 )));
             }
             let dims: &[i64] = &t.shape;

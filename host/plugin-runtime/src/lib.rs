@@ -201,6 +201,7 @@ impl WasmBackend {
             name: name.as_str().into(),
             version,
             config: spec.config.clone(),
+            signature: spec.signature.clone(),
             limits,
             pre,
             caller: self.caller.clone(),

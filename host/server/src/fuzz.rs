@@ -12,7 +12,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use serde_json::{json, Value};
-use wisp_core::config::{normalize, parse_pbtxt, ModelConfig};
+use wisp_core::config::{normalize, parse_pbtxt, Signature};
 use wisp_core::{DataType, Tensor};
 
 use crate::grpc::pb;
@@ -30,7 +30,7 @@ fn config() -> Config {
     c
 }
 
-fn model(batch: bool) -> ModelConfig {
+fn model(batch: bool) -> Signature {
     let text = format!(
         r#"platform: "onnxruntime_onnx"
         max_batch_size: {}
@@ -41,7 +41,7 @@ fn model(batch: bool) -> ModelConfig {
     );
     let mut c = parse_pbtxt("m", &text).unwrap();
     normalize(&mut c, "m", std::path::Path::new("/nonexistent"));
-    c
+    Signature::of(&c).unwrap()
 }
 
 const DATATYPES: &[&str] = &[

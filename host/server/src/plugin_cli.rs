@@ -18,7 +18,7 @@ use std::process::Command as Process;
 use anyhow::{bail, Context};
 use clap::{Subcommand, ValueEnum};
 use wisp_core::backend::{Backend, LoadedModel};
-use wisp_core::config::{self, ModelConfig};
+use wisp_core::config::{self, ModelConfig, Signature};
 use wisp_core::{DataType, InferRequest, Tensor};
 use wisp_plugin_runtime::{WasmBackend, WasmOptions};
 
@@ -405,20 +405,17 @@ fn run_config(
 }
 
 /// One input from `NAME=JSON` or `NAME=@FILE`, shaped by the config.
-fn parse_input(arg: &str, cfg: &ModelConfig) -> anyhow::Result<Tensor> {
+fn parse_input(arg: &str, sig: &Signature) -> anyhow::Result<Tensor> {
     let (name, value) = arg
         .split_once('=')
         .with_context(|| format!("--input {arg}: expected NAME=JSON or NAME=@FILE"))?;
-    let spec = cfg.input.iter().find(|i| i.name == name).with_context(|| {
-        let names: Vec<&str> = cfg.input.iter().map(|i| i.name.as_str()).collect();
+    let spec = sig.input(name).with_context(|| {
         format!(
             "--input {name}: the model's inputs are {}",
-            names.join(", ")
+            sig.input_names()
         )
     })?;
-    let dt = spec
-        .data_type
-        .with_context(|| format!("input {name}: the model gives it no data_type"))?;
+    let dt = spec.datatype;
     let values: Vec<serde_json::Value> = match value.strip_prefix('@') {
         Some(path) => {
             anyhow::ensure!(
@@ -429,7 +426,7 @@ fn parse_input(arg: &str, cfg: &ModelConfig) -> anyhow::Result<Tensor> {
             let t = Tensor::new(
                 name,
                 dt,
-                batch_shape(cfg, &spec.dims, 1)?,
+                batch_shape(sig.batches(), &spec.dims, 1)?,
                 wisp_core::tensor::encode_bytes_elements([bytes.as_slice()]).into(),
             )
             .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -443,7 +440,7 @@ fn parse_input(arg: &str, cfg: &ModelConfig) -> anyhow::Result<Tensor> {
             flat
         }
     };
-    let shape = batch_shape(cfg, &spec.dims, values.len())?;
+    let shape = batch_shape(sig.batches(), &spec.dims, values.len())?;
     let text = serde_json::Value::Array(values.clone()).to_string();
     let data = crate::http::codec::json_data_decode(dt, &text, values.len())
         .map_err(|e| anyhow::anyhow!("--input {name}: {}", e.message()))?;
@@ -459,7 +456,7 @@ fn flatten(v: serde_json::Value, out: &mut Vec<serde_json::Value>) {
 
 /// A shape for `n` elements: a batch of one (when the model batches) and the config's dims,
 /// with one variable dimension taking what is left.
-fn batch_shape(cfg: &ModelConfig, dims: &[i64], n: usize) -> anyhow::Result<Vec<i64>> {
+fn batch_shape(batches: bool, dims: &[i64], n: usize) -> anyhow::Result<Vec<i64>> {
     let fixed: i64 = dims.iter().filter(|&&d| d >= 0).product();
     let variable = dims.iter().filter(|&&d| d < 0).count();
     let mut shape: Vec<i64> = dims
@@ -470,7 +467,7 @@ fn batch_shape(cfg: &ModelConfig, dims: &[i64], n: usize) -> anyhow::Result<Vec<
         variable <= 1,
         "more than one variable dimension in {dims:?}: cannot tell the shape"
     );
-    if cfg.max_batch_size > 0 {
+    if batches {
         shape.insert(0, 1);
     }
     let count: i64 = shape.iter().product();
@@ -484,14 +481,15 @@ fn batch_shape(cfg: &ModelConfig, dims: &[i64], n: usize) -> anyhow::Result<Vec<
 fn run_once(file: &Path, config: Option<&Path>, inputs: &[String]) -> anyhow::Result<()> {
     let backend = WasmBackend::new(WasmOptions::default(), None);
     let cfg = run_config(file, config, &backend)?;
+    let sig = Signature::of(&cfg).map_err(|e| anyhow::anyhow!("{}: {}", e.path, e.message))?;
     let request = InferRequest {
         inputs: inputs
             .iter()
-            .map(|a| parse_input(a, &cfg))
+            .map(|a| parse_input(a, &sig))
             .collect::<anyhow::Result<_>>()?,
         ..Default::default()
     };
-    wisp_core::infer::validate(&request, &cfg).map_err(|e| anyhow::anyhow!("{}", e.message()))?;
+    wisp_core::infer::validate(&request, &sig).map_err(|e| anyhow::anyhow!("{}", e.message()))?;
     // One plugin run directly, with the sandbox its config asks for and no scheduler.
     let model_dir = file
         .parent()
@@ -507,6 +505,7 @@ fn run_once(file: &Path, config: Option<&Path>, inputs: &[String]) -> anyhow::Re
             sandbox: Some(sandbox),
             ..Default::default()
         }),
+        signature: std::sync::Arc::new(sig),
     };
     let loaded = backend
         .load(&spec, file)
@@ -632,12 +631,9 @@ mod tests {
 
     #[test]
     fn shapes_take_the_batch_and_one_variable_dimension() {
-        let cfg = ModelConfig {
-            max_batch_size: 4,
-            ..Default::default()
-        };
-        assert_eq!(batch_shape(&cfg, &[2, -1], 6).unwrap(), vec![1, 2, 3]);
-        assert!(batch_shape(&cfg, &[2], 3).is_err());
-        assert!(batch_shape(&cfg, &[-1, -1], 4).is_err());
+        assert_eq!(batch_shape(true, &[2, -1], 6).unwrap(), vec![1, 2, 3]);
+        assert_eq!(batch_shape(false, &[2, -1], 6).unwrap(), vec![2, 3]);
+        assert!(batch_shape(true, &[2], 3).is_err());
+        assert!(batch_shape(true, &[-1, -1], 4).is_err());
     }
 }

@@ -245,12 +245,6 @@ impl TensorFormat {
     }
 }
 
-/// The config name of an element type (`TYPE_FP32`), `TYPE_INVALID` when unset: how configs and
-/// error messages spell it.
-pub fn type_name(t: Option<DataType>) -> &'static str {
-    t.map_or("TYPE_INVALID", DataType::config_name)
-}
-
 /// (De)serializes an element type by its config name (`TYPE_FP32`, `TYPE_STRING` for BYTES).
 /// `TYPE_INVALID`, the schema's zero value, is `None`; the schema admits no other name.
 mod config_type {
@@ -259,7 +253,7 @@ mod config_type {
     use crate::datatype::DataType;
 
     pub fn serialize<S: Serializer>(v: &Option<DataType>, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(super::type_name(*v))
+        s.serialize_str(v.map_or("TYPE_INVALID", DataType::config_name))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DataType>, D::Error> {
@@ -753,6 +747,120 @@ pub struct ModelSpec {
     pub sequence: Option<sequence::SequenceBatching>,
     /// The parameters Wisp reads (`wasm.*`, `openai.*`, `sla.*`), typed.
     pub params: Arc<params::Params>,
+    /// The inputs and outputs, each with its datatype known, and how the model batches:
+    /// what requests are checked against and backends are loaded with.
+    pub signature: Arc<Signature>,
+}
+
+/// An input or output of a validated model: its `input[]`/`output[]` entry with the datatype
+/// known.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSpec {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub datatype: DataType,
+    /// Shape without the batch dim; -1 = variable.
+    pub dims: Vec<i64>,
+    /// The shape the backend sees (without the batch dim), when the config reshapes it.
+    pub reshape: Option<Vec<i64>>,
+    /// The input may be omitted (never set on an output).
+    pub optional: bool,
+}
+
+/// A validated model's signature: its tensors, typed, and its batching. [`validate`] builds
+/// it, so no reader of a loaded model meets an unset datatype.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Signature {
+    /// The model's name (for messages).
+    pub model: String,
+    /// `max_batch_size`; 0 when the model has no batch dimension.
+    pub max_batch_size: u32,
+    /// `input[]`, in config order.
+    pub inputs: Vec<TensorSpec>,
+    /// `output[]`, in config order.
+    pub outputs: Vec<TensorSpec>,
+}
+
+impl Signature {
+    /// The signature `cfg` declares. An input or output without a datatype, or a negative
+    /// `max_batch_size`, is refused. [`validate`] builds one for every model it accepts; a tool
+    /// that runs a model outside a repository (`wisp plugin run`) builds its own.
+    pub fn of(cfg: &ModelConfig) -> std::result::Result<Signature, ConfigError> {
+        let tensor = |path: String,
+                      name: &str,
+                      datatype: Option<DataType>,
+                      dims: &[i64],
+                      reshape: Option<&Reshape>,
+                      optional: bool| {
+            Ok(TensorSpec {
+                name: name.to_string(),
+                datatype: datatype.ok_or_else(|| ConfigError {
+                    path: format!("{path} '{name}'.data_type"),
+                    message: "must be a valid type such as TYPE_FP32, got none".into(),
+                })?,
+                dims: dims.to_vec(),
+                reshape: reshape.map(|r| r.shape.clone()),
+                optional,
+            })
+        };
+        let inputs = cfg.input.iter().enumerate().map(|(i, t)| {
+            let p = format!("input[{i}]");
+            tensor(
+                p,
+                &t.name,
+                t.data_type,
+                &t.dims,
+                t.reshape.as_ref(),
+                t.optional,
+            )
+        });
+        let outputs = cfg.output.iter().enumerate().map(|(i, t)| {
+            let p = format!("output[{i}]");
+            tensor(p, &t.name, t.data_type, &t.dims, t.reshape.as_ref(), false)
+        });
+        Ok(Signature {
+            model: cfg.name.clone(),
+            max_batch_size: u32::try_from(cfg.max_batch_size).map_err(|_| ConfigError {
+                path: "max_batch_size".into(),
+                message: format!("must not be negative, got {}", cfg.max_batch_size),
+            })?,
+            inputs: inputs.collect::<std::result::Result<_, _>>()?,
+            outputs: outputs.collect::<std::result::Result<_, _>>()?,
+        })
+    }
+
+    /// The model has an implicit batch dimension.
+    pub fn batches(&self) -> bool {
+        self.max_batch_size > 0
+    }
+
+    /// The input named `name`.
+    pub fn input(&self, name: &str) -> Option<&TensorSpec> {
+        self.inputs.iter().find(|t| t.name == name)
+    }
+
+    /// The output named `name`.
+    pub fn output(&self, name: &str) -> Option<&TensorSpec> {
+        self.outputs.iter().find(|t| t.name == name)
+    }
+
+    /// The inputs' names, comma-separated (for messages).
+    pub fn input_names(&self) -> String {
+        names(&self.inputs)
+    }
+
+    /// The outputs' names, comma-separated (for messages).
+    pub fn output_names(&self) -> String {
+        names(&self.outputs)
+    }
+}
+
+fn names(ts: &[TensorSpec]) -> String {
+    ts.iter()
+        .map(|t| t.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Checks a normalized config, reporting every problem found; a config that passes comes back
@@ -762,12 +870,13 @@ pub fn validate(
     dir_name: &str,
     model_dir: &Path,
 ) -> Result<ModelSpec, ConfigErrors> {
-    let (steps, sequence, params) = check(&cfg, dir_name, model_dir)?;
+    let (steps, sequence, params, signature) = check(&cfg, dir_name, model_dir)?;
     Ok(ModelSpec {
         config: Arc::new(cfg),
         steps: steps.into(),
         sequence,
         params: Arc::new(params),
+        signature: Arc::new(signature),
     })
 }
 
@@ -775,6 +884,7 @@ type Checked = (
     Vec<ensemble::EnsembleStep>,
     Option<sequence::SequenceBatching>,
     params::Params,
+    Signature,
 );
 
 fn check(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<Checked, ConfigErrors> {
@@ -1200,13 +1310,19 @@ fn check(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<Checked,
             }
         }
     }
-    if errs.is_empty() {
-        Ok((steps, sequence, params))
-    } else {
-        Err(ConfigErrors {
+    // `check_tensor` refused every tensor without a datatype, and `max_batch_size` was bounded,
+    // so a config with no errors has a signature.
+    let signature = errs.is_empty().then(|| Signature::of(cfg));
+    match signature {
+        Some(Ok(signature)) => Ok((steps, sequence, params, signature)),
+        Some(Err(e)) => Err(ConfigErrors {
+            model: dir_name.to_string(),
+            errors: vec![e],
+        }),
+        None => Err(ConfigErrors {
             model: dir_name.to_string(),
             errors: errs,
-        })
+        }),
     }
 }
 

@@ -217,3 +217,43 @@ fn data_types_and_formats_are_typed_and_echo_their_config_names() {
     assert_eq!(back.input, cfg.input);
     assert_eq!(back.output, cfg.output);
 }
+
+#[test]
+fn a_validated_spec_carries_a_typed_signature() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = r#"platform: "onnxruntime_onnx" max_batch_size: 4
+                  input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 2 ]
+                            reshape: { shape: [ 2, -1 ] } },
+                          { name: "s" data_type: TYPE_STRING dims: [ 1 ] optional: true } ]
+                  output [ { name: "y" data_type: TYPE_INT64 dims: [ 3 ] } ]"#;
+    let mut cfg = parse_pbtxt("m", text).unwrap();
+    normalize(&mut cfg, "m", dir.path());
+    let spec = validate(cfg, "m", dir.path()).unwrap();
+    let sig = &spec.signature;
+    assert_eq!(sig.model, "m");
+    assert_eq!(sig.max_batch_size, 4);
+    assert!(sig.batches());
+    let x = sig.input("x").unwrap();
+    assert_eq!(
+        (x.datatype, &x.dims[..], x.reshape.as_deref(), x.optional),
+        (DataType::Fp32, &[-1, 2][..], Some(&[2, -1][..]), false)
+    );
+    assert_eq!(
+        sig.input("s").map(|s| (s.datatype, s.optional)),
+        Some((DataType::Bytes, true))
+    );
+    assert_eq!(sig.output("y").map(|y| y.datatype), Some(DataType::Int64));
+    assert_eq!(
+        (sig.input_names(), sig.output_names()),
+        ("x, s".into(), "y".into())
+    );
+    assert!(sig.input("y").is_none() && sig.output("x").is_none());
+
+    // Built outside `validate`, an unset datatype is refused, naming the field.
+    let mut cfg = parse_pbtxt("m", r#"input [ { name: "u" dims: [ 1 ] } ]"#).unwrap();
+    let e = Signature::of(&cfg).unwrap_err();
+    assert_eq!(e.path, "input[0] 'u'.data_type");
+    cfg.input.clear();
+    cfg.max_batch_size = -1;
+    assert_eq!(Signature::of(&cfg).unwrap_err().path, "max_batch_size");
+}

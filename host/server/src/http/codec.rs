@@ -9,7 +9,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Map, Value};
-use wisp_core::config::ModelConfig;
+use wisp_core::config::Signature;
 use wisp_core::tensor::{decode_bytes_elements, element_count, encode_bytes_elements};
 use wisp_core::{DataType, Error, InferRequest, Result, Tensor};
 
@@ -43,10 +43,10 @@ fn obj<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
         .ok_or_else(|| Error::invalid(format!("{what} must be a JSON object")))
 }
 
-/// Splits the body at `header_len` and decodes it for `cfg`.
-pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Result<Decoded> {
+/// Splits the body at `header_len` and decodes it for the model `sig` describes.
+pub fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result<Decoded> {
     let (json, mut binary) = match header_len {
-        Some(0) => return decode_raw(body, cfg),
+        Some(0) => return decode_raw(body, sig),
         Some(n) if n > body.len() => {
             return Err(Error::invalid(format!(
                 "Inference-Header-Content-Length is {n} but the body has only {} bytes",
@@ -95,7 +95,7 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
     for (i, input) in inputs_v.iter().enumerate() {
         let o: RawMap = serde_json::from_str(input.get())
             .map_err(|_| Error::invalid(format!("inputs[{i}] must be a JSON object")))?;
-        match decode_input(i, &o, &mut binary, cfg)? {
+        match decode_input(i, &o, &mut binary, sig)? {
             Input::Tensor(t) => inputs.push(t),
             Input::Shm(s) => shm_inputs.push(s),
         }
@@ -137,7 +137,7 @@ pub fn decode(body: Bytes, header_len: Option<usize>, cfg: &ModelConfig) -> Resu
     })
 }
 
-fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, cfg: &ModelConfig) -> Result<Input> {
+fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, sig: &Signature) -> Result<Input> {
     let data_raw = raw.get("data").copied();
     let o: Map<String, Value> = raw
         .iter()
@@ -155,13 +155,11 @@ fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, cfg: &ModelConfig) -
         .ok_or_else(|| at("missing string 'datatype'".into()))?;
     let datatype = DataType::parse(datatype).map_err(|e| at(e.message().to_string()))?;
     // Check the datatype before reading `data`, so a mismatch is reported as such.
-    if let Some(c) = cfg.input.iter().find(|c| c.name == name) {
-        let want = c.data_type;
-        if want != Some(datatype) {
+    if let Some(c) = sig.input(name) {
+        if c.datatype != datatype {
             return Err(Error::invalid(format!(
                 "inference input '{name}' data-type is '{datatype}', but model '{}' expects '{}'",
-                cfg.name,
-                want.map_or("?", |d| d.as_str())
+                sig.model, c.datatype
             )));
         }
     }
@@ -266,18 +264,16 @@ fn decode_output(i: usize, v: &Value) -> Result<OutputSpec> {
 
 /// A raw binary body (`Inference-Header-Content-Length: 0`): the whole body is the single
 /// input's data, batch 1; every output comes back binary.
-fn decode_raw(body: Bytes, cfg: &ModelConfig) -> Result<Decoded> {
-    let [input] = cfg.input.as_slice() else {
+fn decode_raw(body: Bytes, sig: &Signature) -> Result<Decoded> {
+    let [input] = sig.inputs.as_slice() else {
         return Err(Error::invalid(format!(
             "a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; '{}' has {}",
-            cfg.name,
-            cfg.input.len()
+            sig.model,
+            sig.inputs.len()
         )));
     };
-    let dt = input
-        .data_type
-        .ok_or_else(|| Error::internal("validated config has no data_type"))?;
-    let mut shape: Vec<i64> = if cfg.batches() { vec![1] } else { vec![] };
+    let dt = input.datatype;
+    let mut shape: Vec<i64> = if sig.batches() { vec![1] } else { vec![] };
     let data: Bytes = match dt.size() {
         None => {
             if input.dims.iter().product::<i64>().abs() != 1 {

@@ -320,12 +320,12 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
     let _budget = app.service.admit(decode_cost(body.len(), header_len))?;
     let json_len = header_len.map_or(body.len(), |n| n.min(body.len()));
     let decoded = if json_len > INLINE_DECODE_BYTES {
-        let cfg = m.config.clone();
-        tokio::task::spawn_blocking(move || codec::decode(body, header_len, &cfg))
+        let sig = m.signature.clone();
+        tokio::task::spawn_blocking(move || codec::decode(body, header_len, &sig))
             .await
             .map_err(|_| Error::internal("request decoding panicked"))?
     } else {
-        codec::decode(body, header_len, &m.config)
+        codec::decode(body, header_len, &m.signature)
     };
     let trace_parent = trace_parent(&parts.headers);
     let answer = app

@@ -4,7 +4,7 @@
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
-use wisp_core::config::ModelConfig;
+use wisp_core::config::Signature;
 use wisp_core::infer::{Scheduling, SequenceFlags};
 use wisp_core::trace::Trace;
 use wisp_core::{Error, InferRequest, InferResponse, Result};
@@ -15,7 +15,7 @@ use super::{ModelVersion, Registry};
 /// Validates a plugin's or an ensemble step's request against the model it calls; a failure
 /// counts in that model's statistics, as it would over HTTP or gRPC.
 fn validate(m: &ModelVersion, request: &InferRequest) -> Result<()> {
-    wisp_core::infer::validate(request, &m.config).inspect_err(|_| {
+    wisp_core::infer::validate(request, &m.signature).inspect_err(|_| {
         m.stats()
             .record_failure(wisp_scheduler::FailReason::Other, std::time::Duration::ZERO);
     })
@@ -42,9 +42,9 @@ impl RegistryCaller {
 }
 
 impl RegistryCaller {
-    /// The config of a served, ready model.
-    pub fn config(&self, model: &str, version: Option<&str>) -> Result<Arc<ModelConfig>> {
-        Ok(self.registry()?.get(model, version)?.config.clone())
+    /// The signature of a served, ready model.
+    pub fn signature(&self, model: &str, version: Option<&str>) -> Result<Arc<Signature>> {
+        Ok(self.registry()?.get(model, version)?.signature.clone())
     }
 
     /// A served, ready model version.
@@ -52,7 +52,8 @@ impl RegistryCaller {
         self.registry()?.get(model, version)
     }
 
-    /// Queues `request` on `model` (validated against its config); `respond` gets the outcome.
+    /// Queues `request` on `model` (validated against its signature); `respond` gets the
+    /// outcome.
     pub fn submit(
         &self,
         model: &str,

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::{mpsc, Arc};
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
-use wisp_core::config::{type_name, ModelConfig, ModelIo, ModelSpec};
+use wisp_core::config::{ModelIo, ModelSpec, Signature};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
 use wisp_scheduler::ensemble::{Plan, Progress, Run, Step};
 
@@ -36,7 +36,7 @@ impl EnsembleBackend {
 /// the model that declares them batches.
 #[derive(Clone)]
 struct Spec {
-    datatype: Option<DataType>,
+    datatype: DataType,
     dims: Vec<i64>,
     batching: bool,
     from: String,
@@ -62,50 +62,50 @@ fn dims_compatible(a: &[i64], b: &[i64]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| x < 0 || y < 0 || x == y)
 }
 
-/// Checks every mapping against the composing models' configs; returns every problem.
-fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Result<()> {
+/// Checks every mapping against the composing models' signatures; returns every problem.
+fn check_types(sig: &Signature, steps: &[Step], caller: &RegistryCaller) -> Result<()> {
     let mut errs = Vec::new();
-    let mut known: HashMap<String, Spec> = cfg
-        .input
+    let mut known: HashMap<String, Spec> = sig
+        .inputs
         .iter()
         .map(|i| {
             (
                 i.name.clone(),
                 Spec {
-                    datatype: i.data_type,
+                    datatype: i.datatype,
                     dims: i.dims.clone(),
-                    batching: cfg.max_batch_size > 0,
+                    batching: sig.batches(),
                     from: format!("ensemble input '{}'", i.name),
                 },
             )
         })
         .collect();
-    let mut configs = Vec::new();
+    let mut signatures = Vec::new();
     for (n, s) in steps.iter().enumerate() {
         let version = s.version.map(|v| v.to_string());
-        match caller.config(&s.model, version.as_deref()) {
+        match caller.signature(&s.model, version.as_deref()) {
             Ok(c) => {
                 // A non-batching model takes whatever the ensemble's batch is, as data.
-                if c.max_batch_size != 0 && c.max_batch_size < cfg.max_batch_size {
+                if c.max_batch_size != 0 && c.max_batch_size < sig.max_batch_size {
                     errs.push(format!(
                         "{}: ensemble {} allows maximum batch size {}, but it contains model {} \
                          which only allows maximum batch size to be {}",
                         s.label(n),
-                        cfg.name,
-                        cfg.max_batch_size,
+                        sig.model,
+                        sig.max_batch_size,
                         s.model,
                         c.max_batch_size
                     ));
                 }
                 for (out, tensor) in &s.outputs {
-                    match c.output.iter().find(|o| &o.name == out) {
+                    match c.output(out) {
                         Some(o) => {
                             known.insert(
                                 tensor.clone(),
                                 Spec {
-                                    datatype: o.data_type,
+                                    datatype: o.datatype,
                                     dims: o.dims.clone(),
-                                    batching: c.max_batch_size > 0,
+                                    batching: c.batches(),
                                     from: format!("{} output '{out}'", s.label(n)),
                                 },
                             );
@@ -113,52 +113,44 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
                         None => errs.push(format!(
                             "{}: the model has no output '{out}' (outputs: {})",
                             s.label(n),
-                            c.output
-                                .iter()
-                                .map(|o| o.name.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            c.output_names()
                         )),
                     }
                 }
-                configs.push(Some(c));
+                signatures.push(Some(c));
             }
             Err(e) => {
                 errs.push(format!("{}: {}", s.label(n), e.message()));
-                configs.push(None);
+                signatures.push(None);
             }
         }
     }
-    for (n, (s, c)) in steps.iter().zip(&configs).enumerate() {
+    for (n, (s, c)) in steps.iter().zip(&signatures).enumerate() {
         let Some(c) = c else { continue };
         for (input, tensor) in &s.inputs {
-            let Some(i) = c.input.iter().find(|i| &i.name == input) else {
+            let Some(i) = c.input(input) else {
                 errs.push(format!(
                     "{}: the model has no input '{input}' (inputs: {})",
                     s.label(n),
-                    c.input
-                        .iter()
-                        .map(|i| i.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    c.input_names()
                 ));
                 continue;
             };
             let Some(spec) = known.get(tensor) else {
                 continue;
             };
-            if spec.datatype != i.data_type {
+            if spec.datatype != i.datatype {
                 errs.push(format!(
                     "{}: input '{input}' is {} but '{tensor}' ({}) is {}",
                     s.label(n),
-                    type_name(i.data_type),
+                    i.datatype.config_name(),
                     spec.from,
-                    type_name(spec.datatype)
+                    spec.datatype.config_name()
                 ));
             } else if !spec.compatible(&Spec {
-                datatype: i.data_type,
+                datatype: i.datatype,
                 dims: i.dims.clone(),
-                batching: c.max_batch_size > 0,
+                batching: c.batches(),
                 from: String::new(),
             }) {
                 errs.push(format!(
@@ -171,20 +163,20 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
             }
         }
     }
-    for o in &cfg.output {
+    for o in &sig.outputs {
         if let Some(spec) = known.get(&o.name) {
-            if spec.datatype != o.data_type {
+            if spec.datatype != o.datatype {
                 errs.push(format!(
                     "ensemble output '{}' is {} but {} is {}",
                     o.name,
-                    type_name(o.data_type),
+                    o.datatype.config_name(),
                     spec.from,
-                    type_name(spec.datatype)
+                    spec.datatype.config_name()
                 ));
             } else if !spec.compatible(&Spec {
-                datatype: o.data_type,
+                datatype: o.datatype,
                 dims: o.dims.clone(),
-                batching: cfg.max_batch_size > 0,
+                batching: sig.batches(),
                 from: String::new(),
             }) {
                 errs.push(format!(
@@ -199,7 +191,7 @@ fn check_types(cfg: &ModelConfig, steps: &[Step], caller: &RegistryCaller) -> Re
     } else {
         Err(Error::invalid(format!(
             "ensemble '{}': {}",
-            cfg.name,
+            sig.model,
             errs.join("; ")
         )))
     }
@@ -219,8 +211,7 @@ impl Backend for EnsembleBackend {
         let inputs: Vec<String> = config.input.iter().map(|i| i.name.clone()).collect();
         let outputs: Vec<String> = config.output.iter().map(|o| o.name.clone()).collect();
         let plan = Plan::new(&config.name, &inputs, &outputs, steps)?;
-        // Every input and output's data_type was validated with the config.
-        check_types(config, plan.steps(), &self.caller)?;
+        check_types(&spec.signature, plan.steps(), &self.caller)?;
         let labels = producer_labels(plan.steps(), &outputs, &self.caller);
         Ok(Box::new(EnsembleModel {
             name: config.name.as_str().into(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use wisp_core::backend::LoadedModel;
-use wisp_core::config::ModelConfig;
+use wisp_core::config::{ModelConfig, Signature};
 use wisp_core::{Error, InferRequest, InferResponse, Result};
 use wisp_scheduler::sequence::Sequencer;
 use wisp_scheduler::{ModelStats, Responder, Scheduler};
@@ -18,6 +18,8 @@ pub struct ModelVersion {
     pub version: u64,
     /// The normalized, auto-completed, validated config.
     pub config: Arc<ModelConfig>,
+    /// Its inputs and outputs, typed: what requests are checked against.
+    pub signature: Arc<Signature>,
     /// Labels per output name (from `label_filename`).
     pub labels: HashMap<String, Arc<Vec<String>>>,
     /// The engine that runs it.

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use wisp_core::backend::{Backend, Instance};
-use wisp_core::config::{self, ModelConfig, ModelSpec};
+use wisp_core::config::{self, ModelConfig, ModelSpec, TensorSpec};
 use wisp_core::repository::{self, ModelDir};
-use wisp_core::{Error, Result};
+use wisp_core::{DataType, Error, Result};
 use wisp_scheduler::sequence::Sequencer;
 use wisp_scheduler::{Observer, Policy, Scheduler};
 
@@ -328,13 +328,7 @@ fn load_version(
     let sequencing = spec.sequence.clone();
     let loaded = match &sequencing {
         // The backend also sees the inputs and outputs the sequence batcher feeds and reads.
-        Some(seq) => backend.load(
-            &ModelSpec {
-                config: Arc::new(with_sequence_io(cfg, seq)),
-                ..spec.clone()
-            },
-            &file,
-        )?,
+        Some(seq) => backend.load(&with_sequence_io(spec, seq), &file)?,
         None => backend.load(spec, &file)?,
     };
     let mut labels = labels.clone();
@@ -345,7 +339,7 @@ fn load_version(
     let mut instances = (0..cfg.instance_count())
         .map(|i| loaded.new_instance(i).map(|inst| pin(inst, cores[i])))
         .collect::<Result<Vec<_>>>()?;
-    warm_up(&dir.path, cfg, &mut instances)?;
+    warm_up(&dir.path, cfg, &spec.signature, &mut instances)?;
     let probe = spec
         .params
         .sla
@@ -383,6 +377,7 @@ fn load_version(
         name: dir.name.clone(),
         version,
         config: cfg.clone(),
+        signature: spec.signature.clone(),
         labels,
         engine,
         load_secs: start.elapsed().as_secs_f64(),
@@ -394,25 +389,34 @@ fn load_version(
     })
 }
 
-/// `cfg` with the sequence batcher's control and state inputs, and its state outputs, listed
-/// as the backend needs them (the config clients see does not list them, as in Triton).
-fn with_sequence_io(cfg: &ModelConfig, seq: &config::sequence::SequenceBatching) -> ModelConfig {
-    let mut full = cfg.clone();
-    for c in &seq.controls {
+/// `spec` with the sequence batcher's control and state inputs, and its state outputs, listed
+/// as the backend needs them (the config and signature clients see do not list them, as in
+/// Triton).
+fn with_sequence_io(spec: &ModelSpec, seq: &config::sequence::SequenceBatching) -> ModelSpec {
+    let mut full = (*spec.config).clone();
+    let mut sig = (*spec.signature).clone();
+    let mut input = |name: &str, datatype: DataType, dims: &[i64]| {
         full.input.push(config::ModelInput {
-            name: c.name.clone(),
-            data_type: Some(c.datatype),
-            dims: vec![1],
+            name: name.to_string(),
+            data_type: Some(datatype),
+            dims: dims.to_vec(),
             ..Default::default()
         });
+        sig.inputs.push(TensorSpec {
+            name: name.to_string(),
+            datatype,
+            dims: dims.to_vec(),
+            reshape: None,
+            optional: false,
+        });
+    };
+    for c in &seq.controls {
+        input(&c.name, c.datatype, &[1]);
     }
     for s in &seq.states {
-        full.input.push(config::ModelInput {
-            name: s.input_name.clone(),
-            data_type: Some(s.datatype),
-            dims: s.dims.clone(),
-            ..Default::default()
-        });
+        input(&s.input_name, s.datatype, &s.dims);
+    }
+    for s in &seq.states {
         if !full.output.iter().any(|o| o.name == s.output_name) {
             full.output.push(config::ModelOutput {
                 name: s.output_name.clone(),
@@ -420,9 +424,20 @@ fn with_sequence_io(cfg: &ModelConfig, seq: &config::sequence::SequenceBatching)
                 dims: s.dims.clone(),
                 ..Default::default()
             });
+            sig.outputs.push(TensorSpec {
+                name: s.output_name.clone(),
+                datatype: s.datatype,
+                dims: s.dims.clone(),
+                reshape: None,
+                optional: false,
+            });
         }
     }
-    full
+    ModelSpec {
+        config: Arc::new(full),
+        signature: Arc::new(sig),
+        ..spec.clone()
+    }
 }
 
 /// The core each instance (in group order) is pinned to, from its group's `host_policy`.

@@ -102,7 +102,7 @@ impl Registry {
                     Ok(a) => a,
                     Err(e) => return Some(Err(e)),
                 };
-                if let Err(e) = warm_up(&dir.path, &new_cfg, &mut added) {
+                if let Err(e) = warm_up(&dir.path, &new_cfg, &m.signature, &mut added) {
                     return Some(Err(e));
                 }
                 if let Err(e) = m.scheduler.add_instances(added) {
@@ -117,6 +117,7 @@ impl Registry {
                     name: m.name.clone(),
                     version: m.version,
                     config: new_cfg.clone(),
+                    signature: m.signature.clone(),
                     labels: m.labels.clone(),
                     engine: m.engine.clone(),
                     load_secs: m.load_secs,

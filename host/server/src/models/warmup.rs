@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use wisp_core::backend::{ExecTiming, Instance};
-use wisp_core::config::{self, ModelConfig, ModelWarmup};
+use wisp_core::config::{self, ModelConfig, ModelWarmup, Signature};
 use wisp_core::repository;
 use wisp_core::tensor::encode_bytes_elements;
 use wisp_core::{DataType, Error, InferRequest, Result, Tensor};
@@ -13,10 +13,11 @@ use wisp_core::{DataType, Error, InferRequest, Result, Tensor};
 pub(super) fn warm_up(
     model_dir: &Path,
     cfg: &ModelConfig,
+    sig: &Signature,
     instances: &mut [Box<dyn Instance>],
 ) -> Result<()> {
     for sample in &cfg.model_warmup {
-        let req = warmup_request(model_dir, cfg, sample)
+        let req = warmup_request(model_dir, sig, sample)
             .map_err(|e| e.context(format!("warmup sample '{}'", sample.name)))?;
         for instance in instances.iter_mut() {
             for _ in 0..sample.count.max(1) {
@@ -53,29 +54,20 @@ fn pseudo_random_bytes(n: usize, mut seed: u64) -> Vec<u8> {
         .collect()
 }
 
-fn warmup_request(
-    model_dir: &Path,
-    cfg: &ModelConfig,
-    sample: &ModelWarmup,
-) -> Result<InferRequest> {
+fn warmup_request(model_dir: &Path, sig: &Signature, sample: &ModelWarmup) -> Result<InferRequest> {
     let mut inputs = Vec::new();
     for (name, w) in &sample.inputs {
-        let c = cfg
-            .input
-            .iter()
-            .find(|c| &c.name == name)
+        let c = sig
+            .input(name)
             .ok_or_else(|| Error::invalid(format!("'{name}' is not an input")))?;
-        let dt = w
-            .data_type
-            .or(c.data_type)
-            .ok_or_else(|| Error::invalid(format!("input '{name}': no data_type")))?;
+        let dt = w.data_type.unwrap_or(c.datatype);
         let dims = if w.dims.is_empty() { &c.dims } else { &w.dims };
         if dims.iter().any(|&d| d < 0) {
             return Err(Error::invalid(format!(
                 "input '{name}': warmup dims {dims:?} must be concrete"
             )));
         }
-        let mut shape: Vec<i64> = if cfg.batches() {
+        let mut shape: Vec<i64> = if sig.batches() {
             vec![sample.batch_size.max(1) as i64]
         } else {
             Vec::new()
@@ -109,7 +101,7 @@ fn warmup_request(
                 };
                 // The file holds one batch item, repeated for the batch size. The bound is
                 // checked on the file's size, before anything is read.
-                let repeat = if cfg.batches() {
+                let repeat = if sig.batches() {
                     sample.batch_size.max(1) as u64
                 } else {
                     1

@@ -117,7 +117,7 @@ impl Service {
                     .map_err(|e| Error::invalid(format!("{what}: {}", e.message())))?;
                 d.request.inputs.push(t);
             }
-            wisp_core::infer::validate(&d.request, &m.config)?;
+            wisp_core::infer::validate(&d.request, &m.signature)?;
             d.request.scheduling = Scheduling::from_parameters(&d.request.parameters)?;
             d.request.sequence = SequenceFlags::from_parameters(&d.request.parameters)?;
             d.request.trace = self

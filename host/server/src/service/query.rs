@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use wisp_core::config::ModelConfig;
-use wisp_core::{DataType, ErrorKind, Result};
+use wisp_core::config::{ModelConfig, TensorSpec};
+use wisp_core::{ErrorKind, Result};
 use wisp_scheduler::DurationStat;
 
 use super::{Service, EXTENSIONS};
@@ -108,19 +108,14 @@ pub struct VersionStats {
     pub batches: Vec<BatchStats>,
 }
 
-fn tensor_metadata(
-    name: &str,
-    data_type: Option<DataType>,
-    dims: &[i64],
-    batches: bool,
-) -> TensorMetadata {
+fn tensor_metadata(t: &TensorSpec, batches: bool) -> TensorMetadata {
     TensorMetadata {
-        name: name.to_string(),
-        datatype: data_type.map_or("INVALID", DataType::as_str),
+        name: t.name.clone(),
+        datatype: t.datatype.as_str(),
         shape: if batches {
-            std::iter::once(-1).chain(dims.iter().copied()).collect()
+            std::iter::once(-1).chain(t.dims.iter().copied()).collect()
         } else {
-            dims.to_vec()
+            t.dims.clone()
         },
     }
 }
@@ -189,7 +184,7 @@ impl Service {
     pub fn model_metadata(&self, model: &str, version: Option<&str>) -> Result<ModelMetadata> {
         let m = self.registry.get(model, version)?;
         let entry = self.registry.entry(model)?;
-        let cfg = &m.config;
+        let (cfg, sig) = (&m.config, &m.signature);
         let versions = match version {
             Some(v) => vec![v.to_string()],
             None => entry
@@ -203,15 +198,15 @@ impl Service {
             name: cfg.name.clone(),
             versions,
             platform: cfg.platform.clone(),
-            inputs: cfg
-                .input
+            inputs: sig
+                .inputs
                 .iter()
-                .map(|i| tensor_metadata(&i.name, i.data_type, &i.dims, cfg.batches()))
+                .map(|t| tensor_metadata(t, sig.batches()))
                 .collect(),
-            outputs: cfg
-                .output
+            outputs: sig
+                .outputs
                 .iter()
-                .map(|o| tensor_metadata(&o.name, o.data_type, &o.dims, cfg.batches()))
+                .map(|t| tensor_metadata(t, sig.batches()))
                 .collect(),
             engine: m.engine.clone(),
         })

@@ -1,7 +1,7 @@
 use super::*;
 use wisp_core::config::{normalize, parse_pbtxt};
 
-fn cfg() -> ModelConfig {
+fn cfg() -> Signature {
     let mut c = parse_pbtxt(
         "m",
         r#"
@@ -13,7 +13,7 @@ fn cfg() -> ModelConfig {
     )
     .unwrap();
     normalize(&mut c, "m", std::path::Path::new("/nonexistent"));
-    c
+    Signature::of(&c).unwrap()
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
