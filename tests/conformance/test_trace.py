@@ -123,6 +123,8 @@ def test_an_ensemble_traces_each_step_as_a_child(traced):
     assert len(parents) == 1
     children = [i for i in heads if heads[i].get("parent_id") == parents[0]]
     assert len(children) == 1 and heads[children[0]]["model_name"] == "add_sub"
+    # The step asks for version -1 (the latest); its trace names the version that ran.
+    assert heads[children[0]]["model_version"] == 1
     child = stamps[children[0]]
     assert child[0] == "REQUEST_START" and child[-1] == "REQUEST_END"
     assert [n for n in child if n in COMPUTE] == COMPUTE, child

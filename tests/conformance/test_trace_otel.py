@@ -171,6 +171,7 @@ def test_an_ensemble_step_is_a_model_span_under_the_ensembles(otel):
     assert step.parent_span_id == ens.span_id
     assert by_name["compute"].parent_span_id == step.span_id
     assert attrs(step)["triton.trace_parent_id"] == attrs(ens)["triton.trace_id"]
+    assert attrs(step)["triton.model_version"] == 1, "the version that ran the step"
 
 
 def test_sampled_requests_without_a_context_get_a_trace_of_their_own(otel):

@@ -53,21 +53,31 @@ impl RegistryCaller {
     }
 
     /// Queues `request` on `model` (validated against its signature); `respond` gets the
-    /// outcome.
+    /// outcome. A traced request (an ensemble step's) runs as a child trace of the caller's.
     pub fn submit(
         &self,
         model: &str,
         version: Option<&str>,
-        request: InferRequest,
+        mut request: InferRequest,
         respond: wisp_scheduler::Responder,
     ) -> Result<()> {
         let m = self.registry()?.get(model, version)?;
         validate(&m, &request)?;
-        m.submit(request, respond)
+        match start_child(&m, &mut request) {
+            None => m.submit(request, respond),
+            Some(child) => m.submit(
+                request,
+                Box::new(move |r| {
+                    child.mark("REQUEST_END");
+                    respond(r)
+                }),
+            ),
+        }
     }
 }
 
-/// A traced call's child trace, started (`request.trace` holds the caller's trace).
+/// A traced call's child trace, started, for the version that serves it (`request.trace`
+/// holds the caller's trace).
 fn start_child(m: &ModelVersion, request: &mut InferRequest) -> Option<Arc<Trace>> {
     let child = request
         .trace

@@ -312,16 +312,6 @@ impl Instance for EnsembleInstance {
                     let version = step.version.map(|v| v.to_string());
                     let tx = tx.clone();
                     let n = call.step;
-                    // A traced ensemble request gives each step a child trace.
-                    let child = call
-                        .request
-                        .trace
-                        .as_ref()
-                        .map(|parent| parent.child(&step.model, step.version));
-                    if let Some(c) = &child {
-                        c.mark("REQUEST_START");
-                    }
-                    call.request.trace = child.clone();
                     // a plugin step may not call back into this ensemble
                     call.request.call_path = batch[i].call_path.clone();
                     call.request.call_path.push(self.name.clone());
@@ -330,9 +320,6 @@ impl Instance for EnsembleInstance {
                         version.as_deref(),
                         call.request,
                         Box::new(move |r| {
-                            if let Some(c) = &child {
-                                c.mark("REQUEST_END");
-                            }
                             let _ = tx.send((i, n, r));
                         }),
                     ) {
