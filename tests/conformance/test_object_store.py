@@ -25,6 +25,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from conftest import ROOT, free_port, start_wisp, stop_wisp, wisp_command
+from test_trace import ENSEMBLE
 
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "repo", "add_sub")
 AZURITE = os.path.join(ROOT, "tests", "emulators", "node_modules", ".bin", "azurite-blob")
@@ -300,6 +301,23 @@ def test_s3_profile_files_and_explicit_loads_fetch_what_changed(store, tmp_path,
                   .replace('name: "add_sub"', 'name: "add_sub_late"').encode())
         client.load_model("add_sub_late")
         assert client.is_model_ready("add_sub_late")
+        # An ensemble and the model it composes, both uploaded after start-up: loading the
+        # ensemble fetches and loads its step too.
+        upload_dir(store, FIXTURE, "repo2/add_sub_step")
+        store.put("repo2/add_sub_step/config.pbtxt",
+                  open(os.path.join(FIXTURE, "config.pbtxt")).read()
+                  .replace('name: "add_sub"', 'name: "add_sub_step"').encode())
+        store.put("repo2/pipe_late/config.pbtxt",
+                  ENSEMBLE.replace('model_name: "add_sub"', 'model_name: "add_sub_step"').encode())
+        store.put("repo2/pipe_late/1/.keep", b"")
+        client.load_model("pipe_late")
+        assert client.is_model_ready("add_sub_step") and client.is_model_ready("pipe_late")
+        ins = [httpclient.InferInput("INPUT0", [1, 16], "FP32"),
+               httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+        ins[0].set_data_from_numpy(np.full((1, 16), 3, np.float32))
+        ins[1].set_data_from_numpy(np.ones((1, 16), np.float32))
+        out = client.infer("pipe_late", ins).as_numpy("OUTPUT1")
+        assert np.array_equal(out, np.full((1, 16), 2, np.float32))
     finally:
         stop_wisp(proc, log)
 

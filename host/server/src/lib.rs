@@ -164,6 +164,18 @@ pub(crate) struct Remotes {
 }
 
 impl Remotes {
+    /// No object-store repository is configured.
+    #[cfg(feature = "object-store")]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.repos.is_empty()
+    }
+
+    /// No object-store repository is configured.
+    #[cfg(not(feature = "object-store"))]
+    pub(crate) fn is_empty(&self) -> bool {
+        true
+    }
+
     /// Poll mode: brings every mirror up to date before the registry polls.
     async fn sync(&self) {
         #[cfg(feature = "object-store")]

@@ -42,7 +42,7 @@ use fingerprint::fingerprint_files;
 use load::{is_ensemble_dir, load_model};
 
 /// Most levels of ensembles inside ensembles that loading or a readiness check follows.
-const MAX_ENSEMBLE_DEPTH: usize = 16;
+pub const MAX_ENSEMBLE_DEPTH: usize = 16;
 
 /// What the registry keeps for one model name besides its entry, created on first use.
 #[derive(Default)]
@@ -226,8 +226,17 @@ impl Registry {
         Ok(())
     }
 
-    /// Loads every composing model of the ensemble `dir` that is not loaded yet.
-    fn load_composing(&self, dir: &ModelDir, config_json: Option<&str>, depth: usize) {
+    /// The models the ensemble `name` composes that are not loaded yet (none if it is not an
+    /// ensemble or not in the repositories), read from `config_json` if given, else from its
+    /// `config.pbtxt`: what loading it loads first.
+    pub fn unloaded_steps(&self, name: &str, config_json: Option<&str>) -> Vec<String> {
+        match self.find_dir(name) {
+            Ok(dir) => self.steps_to_load(&dir, config_json),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn steps_to_load(&self, dir: &ModelDir, config_json: Option<&str>) -> Vec<String> {
         let cfg = match config_json {
             Some(json) => wisp_core::config::config_from_json(json).ok(),
             None => load::read_config(dir).ok(),
@@ -236,18 +245,32 @@ impl Registry {
             .filter(|c| c.is_ensemble())
             .and_then(|c| wisp_core::config::ensemble::steps(&c).ok())
         else {
-            return;
+            return Vec::new();
         };
-        for step in steps {
-            let loaded = self
-                .models
-                .read()
-                .expect("registry lock")
-                .contains_key(&step.model);
-            if !loaded && step.model != dir.name {
-                if let Ok(d) = self.find_dir(&step.model) {
-                    let _ = self.load_dir(&d, None, depth + 1);
-                }
+        let mut seen = std::collections::HashSet::new();
+        steps
+            .into_iter()
+            .map(|s| s.model)
+            .filter(|m| *m != dir.name && !self.is_loaded(m) && seen.insert(m.clone()))
+            .collect()
+    }
+
+    fn is_loaded(&self, name: &str) -> bool {
+        self.models
+            .read()
+            .expect("registry lock")
+            .contains_key(name)
+    }
+
+    /// Loads every composing model of the ensemble `dir` that is not loaded yet.
+    fn load_composing(&self, dir: &ModelDir, config_json: Option<&str>, depth: usize) {
+        for step in self.steps_to_load(dir, config_json) {
+            // An earlier step (a nested ensemble) may have loaded it.
+            if self.is_loaded(&step) {
+                continue;
+            }
+            if let Ok(d) = self.find_dir(&step) {
+                let _ = self.load_dir(&d, None, depth + 1);
             }
         }
     }

@@ -377,6 +377,36 @@ fn loading_an_ensemble_loads_what_it_composes() {
 }
 
 #[test]
+fn unloaded_steps_name_what_loading_an_ensemble_would_load() {
+    let repo = tempfile::tempdir().unwrap();
+    write_model(repo.path(), "a_outer", &ensemble_config("b_inner"), None);
+    write_model(repo.path(), "b_inner", &ensemble_config("c_model"), None);
+    write_model(repo.path(), "c_model", &plain_config(1), Some("c"));
+    let (r, _backend) = registry(repo.path());
+    assert_eq!(r.unloaded_steps("a_outer", None), ["b_inner"]);
+    assert_eq!(r.unloaded_steps("b_inner", None), ["c_model"]);
+    assert!(
+        r.unloaded_steps("c_model", None).is_empty(),
+        "not an ensemble"
+    );
+    assert!(
+        r.unloaded_steps("nope", None).is_empty(),
+        "not in the repository"
+    );
+    // A load request's config replaces the file's.
+    let other = wisp_core::config::config_to_json(
+        &wisp_core::config::parse_pbtxt("a_outer", &ensemble_config("c_model")).unwrap(),
+    )
+    .to_string();
+    assert_eq!(r.unloaded_steps("a_outer", Some(&other)), ["c_model"]);
+    r.load("c_model", None).unwrap();
+    assert!(
+        r.unloaded_steps("b_inner", None).is_empty(),
+        "already loaded"
+    );
+}
+
+#[test]
 fn ensembles_that_compose_each_other_stop_after_a_bounded_depth() {
     let repo = tempfile::tempdir().unwrap();
     write_model(repo.path(), "x", &ensemble_config("y"), None);

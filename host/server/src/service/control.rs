@@ -128,7 +128,7 @@ impl Service {
         }
         let (registry, model) = (self.registry.clone(), model.to_string());
         if req.files.is_empty() {
-            self.remotes.sync_model(&model).await;
+            self.sync_for_load(&model, req.config.as_deref()).await;
             return tokio::task::spawn_blocking(move || {
                 registry.load(&model, req.config.as_deref())
             })
@@ -157,6 +157,30 @@ impl Service {
         })
         .await
         .map_err(|_| Error::internal("model load panicked"))?
+    }
+
+    /// Brings `model`'s mirrored copy up to date from object storage before it loads, as Triton
+    /// fetches a cloud model on load; for an ensemble, also the copies of the models it composes
+    /// that are not loaded yet (which its load loads), nested ensembles' to the loader's depth.
+    async fn sync_for_load(&self, model: &str, config: Option<&str>) {
+        if self.remotes.is_empty() {
+            return;
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![(model.to_string(), config.map(str::to_string), 0)];
+        while let Some((name, config, depth)) = todo.pop() {
+            if depth > crate::models::MAX_ENSEMBLE_DEPTH || !seen.insert(name.clone()) {
+                continue;
+            }
+            self.remotes.sync_model(&name).await;
+            let registry = self.registry.clone();
+            let steps = tokio::task::spawn_blocking(move || {
+                registry.unloaded_steps(&name, config.as_deref())
+            })
+            .await
+            .unwrap_or_default();
+            todo.extend(steps.into_iter().map(|s| (s, None, depth + 1)));
+        }
     }
 
     /// Unloads `model` (off the async workers); with `dependents`, also the models it composes
