@@ -117,6 +117,14 @@ ensemble_scheduling {{ step [ {{
     )
 }
 
+/// Writes an ensemble `a_outer` of an ensemble `b_inner` of a plain model `c_model` under
+/// `root` (names that sort outer first).
+fn write_nested(root: &Path) {
+    write_model(root, "a_outer", &ensemble_config("b_inner"), None);
+    write_model(root, "b_inner", &ensemble_config("c_model"), None);
+    write_model(root, "c_model", &plain_config(1), Some("c"));
+}
+
 /// Writes model `name` (config and version 1) under `root`; `file` is the model file's text,
 /// `None` for an ensemble.
 fn write_model(root: &Path, name: &str, config: &str, file: Option<&str>) {
@@ -354,9 +362,7 @@ fn unload_stops_serving_and_a_later_load_starts_afresh() {
 fn nested_ensembles_load_after_what_they_compose_whatever_the_order() {
     let repo = tempfile::tempdir().unwrap();
     // names sort so that the outer ensemble comes first and the plain model last
-    write_model(repo.path(), "a_outer", &ensemble_config("b_inner"), None);
-    write_model(repo.path(), "b_inner", &ensemble_config("c_model"), None);
-    write_model(repo.path(), "c_model", &plain_config(1), Some("c"));
+    write_nested(repo.path());
     let (r, backend) = registry(repo.path());
     r.load_initial(None).unwrap();
     assert_eq!(backend.loads(), ["c_model", "b_inner", "a_outer"]);
@@ -366,9 +372,7 @@ fn nested_ensembles_load_after_what_they_compose_whatever_the_order() {
 #[test]
 fn loading_an_ensemble_loads_what_it_composes() {
     let repo = tempfile::tempdir().unwrap();
-    write_model(repo.path(), "a_outer", &ensemble_config("b_inner"), None);
-    write_model(repo.path(), "b_inner", &ensemble_config("c_model"), None);
-    write_model(repo.path(), "c_model", &plain_config(1), Some("c"));
+    write_nested(repo.path());
     let (r, backend) = registry(repo.path());
     // explicit mode, only the outer ensemble named
     r.load_initial(Some(&["a_outer".to_string()])).unwrap();
@@ -379,9 +383,7 @@ fn loading_an_ensemble_loads_what_it_composes() {
 #[test]
 fn unloaded_steps_name_what_loading_an_ensemble_would_load() {
     let repo = tempfile::tempdir().unwrap();
-    write_model(repo.path(), "a_outer", &ensemble_config("b_inner"), None);
-    write_model(repo.path(), "b_inner", &ensemble_config("c_model"), None);
-    write_model(repo.path(), "c_model", &plain_config(1), Some("c"));
+    write_nested(repo.path());
     let (r, _backend) = registry(repo.path());
     assert_eq!(r.unloaded_steps("a_outer", None), ["b_inner"]);
     assert_eq!(r.unloaded_steps("b_inner", None), ["c_model"]);
@@ -425,9 +427,7 @@ fn ensembles_that_compose_each_other_stop_after_a_bounded_depth() {
 #[test]
 fn unload_dependents_unloads_what_only_the_ensemble_used() {
     let repo = tempfile::tempdir().unwrap();
-    write_model(repo.path(), "a_outer", &ensemble_config("b_inner"), None);
-    write_model(repo.path(), "b_inner", &ensemble_config("c_model"), None);
-    write_model(repo.path(), "c_model", &plain_config(1), Some("c"));
+    write_nested(repo.path());
     write_model(repo.path(), "d_other", &ensemble_config("c_model"), None);
     let (r, _) = registry(repo.path());
     r.load_initial(None).unwrap();
