@@ -970,14 +970,6 @@ fn check(cfg: &ModelConfig, dir_name: &str, model_dir: &Path) -> Result<Checked,
     for e in param_errs {
         err(e.path, e.message);
     }
-    if !wasm {
-        // Not read for other models, but a path out of the model directory is refused anyway.
-        if let Some(dir) = cfg.parameter_set(params::READ_DIR_KEY) {
-            if let Err(why) = crate::repository::confine(model_dir, dir) {
-                err(format!("parameters.{}", params::READ_DIR_KEY), why);
-            }
-        }
-    }
     if cfg.input.len() > bounds::MAX_TENSORS {
         err(
             "input".into(),

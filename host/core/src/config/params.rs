@@ -90,6 +90,10 @@ pub(super) fn read(
     let sandbox = if wasm {
         ok(Sandbox::of(cfg, model_dir), errs)
     } else {
+        // Not read for other models, but a path out of the model directory is refused anyway.
+        if let Some(dir) = cfg.parameter_set(READ_DIR_KEY) {
+            ok(confine_read_dir(model_dir, dir), errs);
+        }
         None
     };
     let onnx = if cfg.is_onnx() {
@@ -105,6 +109,11 @@ pub(super) fn read(
         embeddings,
         sla,
     }
+}
+
+/// `wasm.allow_read_dir`'s directory, which must stay inside the model directory.
+fn confine_read_dir(model_dir: &Path, dir: &str) -> Result<std::path::PathBuf, ConfigError> {
+    crate::repository::confine(model_dir, dir).map_err(|why| bad(READ_DIR_KEY, why))
 }
 
 fn bad(key: &str, message: String) -> ConfigError {
@@ -191,8 +200,7 @@ impl Sandbox {
             Some(v) => return Err(bad(CLOCK_KEY, format!("must be true or false, got '{v}'"))),
         };
         if let Some(dir) = cfg.parameter_set(READ_DIR_KEY) {
-            let path =
-                crate::repository::confine(model_dir, dir).map_err(|why| bad(READ_DIR_KEY, why))?;
+            let path = confine_read_dir(model_dir, dir)?;
             if !path.is_dir() {
                 // Named as the config does: the server's own paths are not for clients.
                 return Err(bad(
@@ -471,6 +479,28 @@ mod tests {
         };
         params.iter().for_each(|(k, v)| c.set_parameter(k, v));
         c
+    }
+
+    #[test]
+    fn other_models_get_no_sandbox_but_an_escaping_read_dir_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let onnx = |read_dir| {
+            let mut errs = Vec::new();
+            let p = read(
+                &cfg(&[(READ_DIR_KEY, read_dir)]),
+                dir.path(),
+                false,
+                &mut errs,
+            );
+            (p.sandbox, errs)
+        };
+        assert_eq!(onnx("missing"), (None, vec![]));
+        for escaping in ["/", "../up"] {
+            let (sandbox, errs) = onnx(escaping);
+            assert!(sandbox.is_none());
+            let paths: Vec<_> = errs.iter().map(|e| e.path.as_str()).collect();
+            assert_eq!(paths, [format!("parameters.{READ_DIR_KEY}")], "{errs:?}");
+        }
     }
 
     #[test]
