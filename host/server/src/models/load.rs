@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use wisp_core::backend::{Backend, Instance};
-use wisp_core::config::{self, ModelConfig, ModelSpec, TensorSpec};
+use wisp_core::config::{self, ModelConfig, ModelSpec, Signature};
 use wisp_core::repository::{self, ModelDir};
 use wisp_core::{DataType, Error, Result};
 use wisp_scheduler::sequence::Sequencer;
@@ -328,7 +328,7 @@ fn load_version(
     let sequencing = spec.sequence.clone();
     let loaded = match &sequencing {
         // The backend also sees the inputs and outputs the sequence batcher feeds and reads.
-        Some(seq) => backend.load(&with_sequence_io(spec, seq), &file)?,
+        Some(seq) => backend.load(&with_sequence_io(spec, seq)?, &file)?,
         None => backend.load(spec, &file)?,
     };
     let mut labels = labels.clone();
@@ -392,22 +392,17 @@ fn load_version(
 /// `spec` with the sequence batcher's control and state inputs, and its state outputs, listed
 /// as the backend needs them (the config and signature clients see do not list them, as in
 /// Triton).
-fn with_sequence_io(spec: &ModelSpec, seq: &config::sequence::SequenceBatching) -> ModelSpec {
+fn with_sequence_io(
+    spec: &ModelSpec,
+    seq: &config::sequence::SequenceBatching,
+) -> Result<ModelSpec> {
     let mut full = (*spec.config).clone();
-    let mut sig = (*spec.signature).clone();
     let mut input = |name: &str, datatype: DataType, dims: &[i64]| {
         full.input.push(config::ModelInput {
             name: name.to_string(),
             data_type: Some(datatype),
             dims: dims.to_vec(),
             ..Default::default()
-        });
-        sig.inputs.push(TensorSpec {
-            name: name.to_string(),
-            datatype,
-            dims: dims.to_vec(),
-            reshape: None,
-            optional: false,
         });
     };
     for c in &seq.controls {
@@ -424,20 +419,16 @@ fn with_sequence_io(spec: &ModelSpec, seq: &config::sequence::SequenceBatching) 
                 dims: s.dims.clone(),
                 ..Default::default()
             });
-            sig.outputs.push(TensorSpec {
-                name: s.output_name.clone(),
-                datatype: s.datatype,
-                dims: s.dims.clone(),
-                reshape: None,
-                optional: false,
-            });
         }
     }
-    ModelSpec {
+    // One derivation of the signature, the one `validate` uses, so the two cannot drift.
+    let signature =
+        Signature::of(&full).map_err(|e| Error::invalid(format!("{}: {}", e.path, e.message)))?;
+    Ok(ModelSpec {
         config: Arc::new(full),
-        signature: Arc::new(sig),
+        signature: Arc::new(signature),
         ..spec.clone()
-    }
+    })
 }
 
 /// The core each instance (in group order) is pinned to, from its group's `host_policy`.

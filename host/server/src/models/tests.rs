@@ -5,22 +5,27 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
-use wisp_core::config::{ModelIo, ModelSpec};
+use wisp_core::config::{ModelIo, ModelSpec, Signature};
 use wisp_core::tensor::{decode_bytes_elements, encode_bytes_elements};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
 
 use super::*;
 
 /// Serves the text of its model file as the BYTES output `TAG`; a file starting with "broken"
-/// fails to load. Records every load, in order.
+/// fails to load. Records every load, in order, and the signature each was given.
 #[derive(Default)]
 struct FakeBackend {
     loads: Mutex<Vec<String>>,
+    signatures: Mutex<Vec<Arc<Signature>>>,
 }
 
 impl FakeBackend {
     fn loads(&self) -> Vec<String> {
         self.loads.lock().unwrap().clone()
+    }
+
+    fn last_signature(&self) -> Arc<Signature> {
+        self.signatures.lock().unwrap().last().unwrap().clone()
     }
 }
 
@@ -36,6 +41,7 @@ impl Backend for FakeBackend {
     fn load(&self, spec: &ModelSpec, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
         let config = &*spec.config;
         self.loads.lock().unwrap().push(config.name.clone());
+        self.signatures.lock().unwrap().push(spec.signature.clone());
         let tag = if config.is_ensemble() {
             format!("ensemble {}", config.name)
         } else {
@@ -690,4 +696,57 @@ fn a_panic_while_loading_fails_that_model_only() {
     rewrite(&repo.path().join("good/1/model.onnx"), "panic again");
     assert!(r.load("good", None).is_err());
     assert_eq!(served_tag(&r, "good"), "fine");
+}
+
+#[test]
+fn a_sequence_model_backend_sees_the_control_and_state_tensors_clients_do_not() {
+    let repo = tempfile::tempdir().unwrap();
+    let config = r#"platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "TAG" data_type: TYPE_STRING dims: [ 1 ] } ]
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP16 dims: [ 2, 3 ] } ]
+}
+"#;
+    write_model(repo.path(), "s", config, Some("seq"));
+    let (r, backend) = registry(repo.path());
+    r.load_initial(None).unwrap();
+
+    let names = |t: &[wisp_core::config::TensorSpec]| -> Vec<(String, DataType, Vec<i64>)> {
+        t.iter()
+            .map(|t| (t.name.clone(), t.datatype, t.dims.clone()))
+            .collect()
+    };
+    let seen = backend.last_signature();
+    assert_eq!(seen.max_batch_size, 4);
+    assert_eq!(
+        names(&seen.inputs),
+        [
+            ("IN".to_string(), DataType::Fp32, vec![1]),
+            ("START".to_string(), DataType::Int32, vec![1]),
+            ("CORRID".to_string(), DataType::Uint64, vec![1]),
+            ("STATE_IN".to_string(), DataType::Fp16, vec![2, 3]),
+        ]
+    );
+    assert_eq!(
+        names(&seen.outputs),
+        [
+            ("TAG".to_string(), DataType::Bytes, vec![1]),
+            ("STATE_OUT".to_string(), DataType::Fp16, vec![2, 3]),
+        ]
+    );
+
+    // What clients are shown and validated against stays the config as written.
+    let served = r.get("s", None).unwrap();
+    assert_eq!(
+        names(&served.signature.inputs),
+        [("IN".to_string(), DataType::Fp32, vec![1])]
+    );
+    assert_eq!(served.signature.outputs.len(), 1);
+    assert_eq!(served.config.input.len(), 1);
 }
