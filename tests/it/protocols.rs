@@ -181,3 +181,117 @@ async fn http_and_grpc_answer_alike() {
     assert_eq!(from_http, from_grpc);
     server.shutdown().await.unwrap();
 }
+
+/// A gRPC request on `h2` to `method`, with the headers every call carries.
+fn grpc_request(method: &str) -> hyper::Request<()> {
+    hyper::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://127.0.0.1/inference.GRPCInferenceService/{method}"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
+/// Reads the next gRPC message of type `M` from `body`, keeping what follows it in `buf`.
+async fn next_message<M: prost::Message + Default>(
+    body: &mut h2::RecvStream,
+    buf: &mut Vec<u8>,
+) -> M {
+    loop {
+        if buf.len() >= 5 {
+            let len = u32::from_be_bytes(buf[1..5].try_into().unwrap()) as usize;
+            if buf.len() >= 5 + len {
+                let msg = M::decode(&buf[5..5 + len]).unwrap();
+                buf.drain(..5 + len);
+                return msg;
+            }
+        }
+        let chunk = body.data().await.expect("a message").unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        buf.extend_from_slice(&chunk);
+    }
+}
+
+/// Calls multiplexed on one HTTP/2 connection are served side by side: while a
+/// `ModelStreamInfer` call stays open, unary calls on the same connection are answered, and the
+/// stream goes on answering after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_multiplexed_on_one_connection_are_served_side_by_side() {
+    let server = start(&fixture_repo(), OnnxEngine::Tract).await;
+    let tcp = tokio::net::TcpStream::connect(server.grpc_addr().unwrap())
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let deadline = std::time::Duration::from_secs(30);
+
+    // The stream opens first and stays open.
+    let mut sender = h2.clone().ready().await.unwrap();
+    let (stream_resp, mut stream_tx) = sender
+        .send_request(grpc_request("ModelStreamInfer"), false)
+        .unwrap();
+    let frame = wisp_tests::grpc_frame(&grpc_infer(vec![1, 16], 1));
+    stream_tx.send_data(frame.clone(), false).unwrap();
+    let mut stream_body = stream_resp.await.unwrap().into_body();
+    let mut buf = Vec::new();
+    let first: pb::ModelStreamInferResponse =
+        tokio::time::timeout(deadline, next_message(&mut stream_body, &mut buf))
+            .await
+            .expect("the stream answers");
+    assert_eq!(first.error_message, "");
+
+    // Unary calls on the same connection, all at once, while the stream is open.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..16usize {
+        let rows = 1 + i % 2;
+        let h2 = h2.clone();
+        calls.spawn(async move {
+            let mut sender = h2.ready().await.unwrap();
+            let (resp, mut tx) = sender
+                .send_request(grpc_request("ModelInfer"), false)
+                .unwrap();
+            tx.send_data(
+                wisp_tests::grpc_frame(&grpc_infer(vec![rows as i64, 16], rows)),
+                true,
+            )
+            .unwrap();
+            let mut body = resp.await.unwrap().into_body();
+            let mut buf = Vec::new();
+            let r: pb::ModelInferResponse = next_message(&mut body, &mut buf).await;
+            let trailers = body.trailers().await.unwrap().expect("trailers");
+            assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
+            let sum = wisp_tests::f32_values(&r.raw_output_contents[0]);
+            assert_eq!(sum, vec![2.0; 16 * rows]);
+        });
+    }
+    let answered = tokio::time::timeout(deadline, calls.join_all())
+        .await
+        .expect("every unary call is answered while the stream is open");
+    assert_eq!(answered.len(), 16);
+
+    // The stream still answers, then ends cleanly when the client ends it.
+    stream_tx.send_data(frame, false).unwrap();
+    let second: pb::ModelStreamInferResponse =
+        tokio::time::timeout(deadline, next_message(&mut stream_body, &mut buf))
+            .await
+            .expect("the stream answers after the unary calls");
+    assert_eq!(second.error_message, "");
+    let out = second.infer_response.expect("a response");
+    assert_eq!(
+        wisp_tests::f32_values(&out.raw_output_contents[0]),
+        vec![2.0; 16]
+    );
+    stream_tx.send_data(bytes::Bytes::new(), true).unwrap();
+    let trailers = tokio::time::timeout(deadline, stream_body.trailers())
+        .await
+        .expect("the stream ends")
+        .unwrap()
+        .expect("trailers");
+    assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
+    server.shutdown().await.unwrap();
+}
