@@ -933,11 +933,7 @@ where
     .await
     .unwrap();
     tokio::spawn(conn);
-    let req = hyper::Request::builder()
-        .method("POST")
-        .uri("http://127.0.0.1/inference.GRPCInferenceService/ModelStreamInfer")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
+    let req = wisp_tests::grpc_request("ModelStreamInfer")
         .body(body)
         .unwrap();
     tokio::spawn(async move { sender.send_request(req).await })

@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 use wisp_server::grpc::pb;
 use wisp_server::settings::OnnxEngine;
-use wisp_tests::{f32_bytes, fixture_repo, Client, GrpcClient};
+use wisp_tests::{f32_bytes, fixture_repo, grpc_request, next_message, Client, GrpcClient};
 
 use crate::common::start;
 
@@ -182,39 +182,6 @@ async fn http_and_grpc_answer_alike() {
     server.shutdown().await.unwrap();
 }
 
-/// A gRPC request on `h2` to `method`, with the headers every call carries.
-fn grpc_request(method: &str) -> hyper::Request<()> {
-    hyper::Request::builder()
-        .method("POST")
-        .uri(format!(
-            "http://127.0.0.1/inference.GRPCInferenceService/{method}"
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap()
-}
-
-/// Reads the next gRPC message of type `M` from `body`, keeping what follows it in `buf`.
-async fn next_message<M: prost::Message + Default>(
-    body: &mut h2::RecvStream,
-    buf: &mut Vec<u8>,
-) -> M {
-    loop {
-        if buf.len() >= 5 {
-            let len = u32::from_be_bytes(buf[1..5].try_into().unwrap()) as usize;
-            if buf.len() >= 5 + len {
-                let msg = M::decode(&buf[5..5 + len]).unwrap();
-                buf.drain(..5 + len);
-                return msg;
-            }
-        }
-        let chunk = body.data().await.expect("a message").unwrap();
-        let _ = body.flow_control().release_capacity(chunk.len());
-        buf.extend_from_slice(&chunk);
-    }
-}
-
 /// Calls multiplexed on one HTTP/2 connection are served side by side: while a
 /// `ModelStreamInfer` call stays open, unary calls on the same connection are answered, and the
 /// stream goes on answering after them.
@@ -233,7 +200,7 @@ async fn calls_multiplexed_on_one_connection_are_served_side_by_side() {
     // The stream opens first and stays open.
     let mut sender = h2.clone().ready().await.unwrap();
     let (stream_resp, mut stream_tx) = sender
-        .send_request(grpc_request("ModelStreamInfer"), false)
+        .send_request(grpc_request("ModelStreamInfer").body(()).unwrap(), false)
         .unwrap();
     let frame = wisp_tests::grpc_frame(&grpc_infer(vec![1, 16], 1));
     stream_tx.send_data(frame.clone(), false).unwrap();
@@ -242,7 +209,8 @@ async fn calls_multiplexed_on_one_connection_are_served_side_by_side() {
     let first: pb::ModelStreamInferResponse =
         tokio::time::timeout(deadline, next_message(&mut stream_body, &mut buf))
             .await
-            .expect("the stream answers");
+            .expect("the stream answers")
+            .unwrap();
     assert_eq!(first.error_message, "");
 
     // Unary calls on the same connection, all at once, while the stream is open.
@@ -253,7 +221,7 @@ async fn calls_multiplexed_on_one_connection_are_served_side_by_side() {
         calls.spawn(async move {
             let mut sender = h2.ready().await.unwrap();
             let (resp, mut tx) = sender
-                .send_request(grpc_request("ModelInfer"), false)
+                .send_request(grpc_request("ModelInfer").body(()).unwrap(), false)
                 .unwrap();
             tx.send_data(
                 wisp_tests::grpc_frame(&grpc_infer(vec![rows as i64, 16], rows)),
@@ -262,7 +230,7 @@ async fn calls_multiplexed_on_one_connection_are_served_side_by_side() {
             .unwrap();
             let mut body = resp.await.unwrap().into_body();
             let mut buf = Vec::new();
-            let r: pb::ModelInferResponse = next_message(&mut body, &mut buf).await;
+            let r: pb::ModelInferResponse = next_message(&mut body, &mut buf).await.unwrap();
             let trailers = body.trailers().await.unwrap().expect("trailers");
             assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
             let sum = wisp_tests::f32_values(&r.raw_output_contents[0]);
@@ -279,7 +247,8 @@ async fn calls_multiplexed_on_one_connection_are_served_side_by_side() {
     let second: pb::ModelStreamInferResponse =
         tokio::time::timeout(deadline, next_message(&mut stream_body, &mut buf))
             .await
-            .expect("the stream answers after the unary calls");
+            .expect("the stream answers after the unary calls")
+            .unwrap();
     assert_eq!(second.error_message, "");
     let out = second.infer_response.expect("a response");
     assert_eq!(

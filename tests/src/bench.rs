@@ -729,12 +729,7 @@ mod lean {
         /// message); the response message's bytes, required to come with status OK.
         pub async fn unary(&mut self, method: &str, framed: Bytes) -> anyhow::Result<Bytes> {
             let Grpc { send, conn } = self;
-            let req = http::Request::post(format!(
-                "http://127.0.0.1/inference.GRPCInferenceService/{method}"
-            ))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())?;
+            let req = wisp_tests::grpc_request(method).body(())?;
             let call = async {
                 std::future::poll_fn(|cx| send.poll_ready(cx)).await?;
                 let (resp, mut stream) = send.send_request(req, false)?;

@@ -281,16 +281,9 @@ impl GrpcClient {
         headers: &[(&str, &str)],
     ) -> anyhow::Result<Result<Resp, (i32, String)>> {
         let framed = grpc_frame(msg);
-        let req = hyper::Request::builder()
-            .method("POST")
-            .uri(format!(
-                "http://127.0.0.1/inference.GRPCInferenceService/{method}"
-            ))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers");
         let req = headers
             .iter()
-            .fold(req, |r, (k, v)| r.header(*k, *v))
+            .fold(grpc_request(method), |r, (k, v)| r.header(*k, *v))
             .body(Full::new(framed))?;
         self.sender.ready().await?;
         let resp = self.sender.send_request(req).await?;
@@ -314,6 +307,42 @@ impl GrpcClient {
         let bytes = collected.to_bytes();
         anyhow::ensure!(bytes.len() >= 5, "short gRPC response");
         Ok(Ok(Resp::decode(&bytes[5..])?))
+    }
+}
+
+/// The head of a call to `/inference.GRPCInferenceService/<method>`: a POST with the headers
+/// every gRPC call carries. Add metadata headers, then the body.
+pub fn grpc_request(method: &str) -> hyper::http::request::Builder {
+    hyper::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://127.0.0.1/inference.GRPCInferenceService/{method}"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+}
+
+/// Reads the next gRPC message of type `M` from an `h2` response stream, keeping the bytes that
+/// follow it in `buf` for the next call. Fails if the stream ends first.
+pub async fn next_message<M: prost::Message + Default>(
+    body: &mut h2::RecvStream,
+    buf: &mut Vec<u8>,
+) -> anyhow::Result<M> {
+    loop {
+        if let Some(head) = buf.get(..5) {
+            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+            if let Some(msg) = buf.get(5..5 + len) {
+                let msg = M::decode(msg)?;
+                buf.drain(..5 + len);
+                return Ok(msg);
+            }
+        }
+        let chunk = body
+            .data()
+            .await
+            .context("the stream ended before a whole message")??;
+        body.flow_control().release_capacity(chunk.len())?;
+        buf.extend_from_slice(&chunk);
     }
 }
 
