@@ -422,8 +422,10 @@ fn with_sequence_io(
         }
     }
     // One derivation of the signature, the one `validate` uses, so the two cannot drift.
-    let signature =
-        Signature::of(&full).map_err(|e| Error::invalid(format!("{}: {}", e.path, e.message)))?;
+    let signature = Signature::of(&full).map_err(|e| config::ConfigErrors {
+        model: full.name.clone(),
+        errors: vec![e],
+    })?;
     Ok(ModelSpec {
         config: Arc::new(full),
         signature: Arc::new(signature),
