@@ -111,14 +111,14 @@ impl Args {
         self.load_cpu(rt, fut).0
     }
 
-    /// [`Args::load`], and the CPU time the rest of the process (the server) spent meanwhile:
-    /// the process's CPU time less this thread's, where the clients ran. Only with
+    /// [`Args::load`], and the CPU time spent meanwhile by the rest of the process (the server:
+    /// the process's CPU time less the clients' thread's) and by the clients' thread. Only with
     /// `--client-thread`: on a shared runtime the two cannot be told apart.
     fn load_cpu<F: std::future::Future>(
         &self,
         rt: &tokio::runtime::Runtime,
         fut: F,
-    ) -> (F::Output, Option<Duration>) {
+    ) -> (F::Output, Option<Cpu>) {
         if self.client_thread {
             static CLIENT: std::sync::OnceLock<tokio::runtime::Runtime> =
                 std::sync::OnceLock::new();
@@ -135,11 +135,25 @@ impl Args {
             let out = client.block_on(fut);
             let process = cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID).saturating_sub(process);
             let thread = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(thread);
-            (out, Some(process.saturating_sub(thread)))
+            let server = process.saturating_sub(thread);
+            (
+                out,
+                Some(Cpu {
+                    server,
+                    client: thread,
+                }),
+            )
         } else {
             (rt.block_on(fut), None)
         }
     }
+}
+
+/// CPU time (user and system) a load cost, split between the server and the clients.
+#[derive(Debug, Clone, Copy)]
+struct Cpu {
+    server: Duration,
+    client: Duration,
 }
 
 /// CPU time (user and system) so far of `clock`: this process or this thread.
@@ -778,10 +792,14 @@ fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
         "## grpc: HTTP (binary tensors) vs gRPC (raw contents), same server, lean clients; \
          medians of {rounds} alternating round(s)\n"
     );
-    println!("| model | concurrency | HTTP req/s | p50 µs | p99 µs | server CPU µs/req | gRPC req/s | p50 µs | p99 µs | server CPU µs/req | gRPC/HTTP throughput (range) | HTTP/gRPC server CPU (range) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    // Server CPU per request (every request sent, warm-up included), with --client-thread.
-    let per_req = |cpu: Option<Duration>, s: &Stats| cpu.map(|c| us(c) / s.sent.max(1) as f64);
+    println!("| model | concurrency | HTTP req/s | p50 µs | p99 µs | server CPU µs/req | client CPU µs/req | gRPC req/s | p50 µs | p99 µs | server CPU µs/req | client CPU µs/req | gRPC/HTTP throughput (range) | HTTP/gRPC server CPU (range) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    // Server and client CPU per request (every request sent, warm-up included), with
+    // --client-thread.
+    let per_req = |cpu: Option<Cpu>, s: &Stats| {
+        let n = s.sent.max(1) as f64;
+        cpu.map(|c| (us(c.server) / n, us(c.client) / n))
+    };
     for m in models() {
         let server = start_server(rt, &m.repo, engine)?;
         let grpc = server.grpc_addr().expect("gRPC is on");
@@ -805,18 +823,24 @@ fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
                     lean_load(Protocol::Grpc(grpc), &m, c, args.seconds, args.max_requests),
                 );
                 let g = g?;
-                let (h_cpu, g_cpu) = (per_req(h_cpu, &h), per_req(g_cpu, &g));
+                let nan = (f64::NAN, f64::NAN);
+                let (h_cpu, g_cpu) = (
+                    per_req(h_cpu, &h).unwrap_or(nan),
+                    per_req(g_cpu, &g).unwrap_or(nan),
+                );
                 runs.push([
                     h.rps,
                     us(h.p50),
                     us(h.p99),
-                    h_cpu.unwrap_or(f64::NAN),
+                    h_cpu.0,
+                    h_cpu.1,
                     g.rps,
                     us(g.p50),
                     us(g.p99),
-                    g_cpu.unwrap_or(f64::NAN),
+                    g_cpu.0,
+                    g_cpu.1,
                     g.rps / h.rps,
-                    h_cpu.zip(g_cpu).map_or(f64::NAN, |(h, g)| h / g),
+                    h_cpu.0 / g_cpu.0,
                 ]);
             }
             let col = |i: usize| {
@@ -843,18 +867,20 @@ fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
                 }
             };
             println!(
-                "| {} | {c} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+                "| {} | {c} | {:.0} | {:.0} | {:.0} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |",
                 m.name,
                 median(0),
                 median(1),
                 median(2),
                 cpu(3),
-                median(4),
+                cpu(4),
                 median(5),
                 median(6),
-                cpu(7),
-                ratio(8),
-                ratio(9),
+                median(7),
+                cpu(8),
+                cpu(9),
+                ratio(10),
+                ratio(11),
             );
         }
         rt.block_on(server.shutdown())?;
@@ -862,8 +888,9 @@ fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
     println!();
     println!(
         "(each figure is the median over the rounds, the ratios' ranges are their lowest and \
-         highest round; server CPU: the process's CPU time less the client thread's over the \
-         whole load, warm-up included, per request sent, only with --client-thread)\n"
+         highest round; server CPU: the process's CPU time less the client thread's, and \
+         client CPU: the client thread's, each over the whole load, warm-up included, per \
+         request sent, only with --client-thread)\n"
     );
     Ok(())
 }
