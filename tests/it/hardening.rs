@@ -837,12 +837,8 @@ async fn a_stream_client_that_does_not_read_is_slowed_down() {
         inputs: vec![input("INPUT0"), input("INPUT1")],
         raw_input_contents: vec![data.clone().into(), data.into()],
         ..Default::default()
-    }
-    .encode_to_vec();
-    let mut frame = vec![0u8];
-    frame.extend((msg.len() as u32).to_be_bytes());
-    frame.extend(&msg);
-    let frame = bytes::Bytes::from(frame);
+    };
+    let frame = wisp_tests::grpc_frame(&msg);
     let start = Instant::now();
     let mut sent = 0usize;
     let mut blocked = false;
