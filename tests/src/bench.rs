@@ -798,7 +798,9 @@ fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
     // --client-thread.
     let per_req = |cpu: Option<Cpu>, s: &Stats| {
         let n = s.sent.max(1) as f64;
-        cpu.map(|c| (us(c.server) / n, us(c.client) / n))
+        cpu.map_or((f64::NAN, f64::NAN), |c| {
+            (us(c.server) / n, us(c.client) / n)
+        })
     };
     for m in models() {
         let server = start_server(rt, &m.repo, engine)?;
@@ -823,11 +825,7 @@ fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
                     lean_load(Protocol::Grpc(grpc), &m, c, args.seconds, args.max_requests),
                 );
                 let g = g?;
-                let nan = (f64::NAN, f64::NAN);
-                let (h_cpu, g_cpu) = (
-                    per_req(h_cpu, &h).unwrap_or(nan),
-                    per_req(g_cpu, &g).unwrap_or(nan),
-                );
+                let (h_cpu, g_cpu) = (per_req(h_cpu, &h), per_req(g_cpu, &g));
                 runs.push([
                     h.rps,
                     us(h.p50),
