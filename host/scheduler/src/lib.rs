@@ -137,8 +137,10 @@ pub struct Scheduler {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     instances: AtomicUsize,
-    /// Every instance started, in start order (those whose thread left hold `None`).
-    slots: Mutex<Vec<Arc<Slot>>>,
+    /// Every instance started, in start order (those whose thread left hold `None`). Replaced
+    /// whole when instances are added, so that a request's fast path takes a reference to it
+    /// rather than a copy.
+    slots: Mutex<Arc<[Arc<Slot>]>>,
 }
 
 /// A request's parameter as an unsigned integer (`priority`, `timeout`).
@@ -192,7 +194,7 @@ impl Scheduler {
             shared,
             threads: Mutex::new(Vec::new()),
             instances: AtomicUsize::new(0),
-            slots: Mutex::new(Vec::new()),
+            slots: Mutex::new(Arc::new([])),
         };
         s.add_instances(instances)?;
         Ok(s)
@@ -209,7 +211,10 @@ impl Scheduler {
                 instance: Mutex::new(Some(instance)),
                 busy: AtomicU64::new(0),
             });
-            self.slots.lock().expect("slots lock").push(slot.clone());
+            {
+                let mut slots = self.slots.lock().expect("slots lock");
+                *slots = slots.iter().cloned().chain([slot.clone()]).collect();
+            }
             let handle = std::thread::Builder::new()
                 .name(format!("wisp-{}-{n}", self.shared.model))
                 .spawn(move || {
@@ -366,20 +371,13 @@ impl Scheduler {
         {
             return self.enqueue(request, respond);
         }
-        let slots: Vec<Arc<Slot>> = self
-            .slots
-            .lock()
-            .expect("slots lock")
-            .iter()
-            .filter(|s| s.on_caller)
-            .cloned()
-            .collect();
+        let slots = Arc::clone(&self.slots.lock().expect("slots lock"));
         let mut state = sh.state.lock().expect("scheduler lock");
         if state.stopping || state.queued > 0 || state.retiring > 0 {
             drop(state);
             return self.enqueue(request, respond);
         }
-        let Some(mut instance) = slots.iter().find_map(|s| {
+        let Some(mut instance) = slots.iter().filter(|s| s.on_caller).find_map(|s| {
             let guard = s.instance.try_lock().ok()?;
             guard.is_some().then_some((s, guard))
         }) else {

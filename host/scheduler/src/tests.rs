@@ -622,3 +622,31 @@ fn instances_that_do_not_allow_it_or_ordered_policies_never_run_on_the_caller() 
         }
     }
 }
+
+#[test]
+fn an_instance_added_in_place_serves_the_callers_fast_path() {
+    // The first instance does not allow running on the caller; one added by a resize does.
+    let (s, ran, _permit) = here(policy(0, None), false);
+    let (_, permits) = channel();
+    let (ran_tx, ran2) = channel();
+    s.add_instances(vec![Box::new(Here {
+        ran: ran_tx,
+        permits: Arc::new(Mutex::new(permits)),
+        on_caller: true,
+    })])
+    .unwrap();
+    let me = std::thread::current().id();
+    // The first request measures the model, on whichever instance thread takes it.
+    submit(&s, "a").recv_timeout(WAIT).unwrap().unwrap();
+    let first = ran
+        .recv_timeout(Duration::from_millis(100))
+        .or_else(|_| ran2.recv_timeout(WAIT))
+        .expect("an execution");
+    assert_ne!(first.1, me);
+    settle(&s);
+    // The next runs here, on the added instance, skipping the one that does not allow it.
+    let rx = submit(&s, "b");
+    assert_eq!(ran_on(&ran2, "b"), me);
+    rx.try_recv().expect("answered before returning").unwrap();
+    assert!(ran.try_recv().is_err(), "the first instance ran 'b' too");
+}
