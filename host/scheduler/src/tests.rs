@@ -338,6 +338,56 @@ fn timeouts_reject_or_delay() {
     }
 }
 
+/// The queue keeps a lower bound on its earliest deadline, which goes stale when the request
+/// that set it is dispatched in time: a later deadline behind it must still be enforced.
+/// (Deadlines are checked when an instance looks for work, as in `timeouts_reject_or_delay`.)
+#[test]
+fn a_deadline_behind_one_dispatched_in_time_still_expires() {
+    let h = harness(
+        policy(
+            1,
+            dynamic(|d| {
+                d.default_queue_policy = Some(QueuePolicy {
+                    allow_timeout_override: true,
+                    ..Default::default()
+                });
+            }),
+        ),
+        1,
+        "hold",
+    );
+    h.send("hold-1", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    // "hold-2" sets the earliest deadline and is dispatched before it; "late" waits behind it,
+    // past its own deadline, and the request after it is in time.
+    h.send("hold-2", 1, serde_json::json!({"timeout": 300_000}))
+        .unwrap();
+    h.send("late", 1, serde_json::json!({"timeout": 400_000}))
+        .unwrap();
+    h.send("on-time", 1, serde_json::json!({})).unwrap();
+    h.release();
+    assert_eq!(h.result().0, "hold-1");
+    assert_eq!(h.batch_started(), vec!["hold-2"]);
+    std::thread::sleep(Duration::from_millis(600));
+    h.release();
+    let mut got: Vec<(String, bool)> = (0..3)
+        .map(|_| {
+            let (id, r) = h.result();
+            (id, r.is_ok())
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("hold-2".into(), true),
+            ("late".into(), false),
+            ("on-time".into(), true)
+        ]
+    );
+    assert_eq!(h.s.stats().failures(FailReason::Rejected), 1);
+}
+
 #[test]
 fn preserve_ordering_holds_back_later_responses() {
     for preserve in [false, true] {
