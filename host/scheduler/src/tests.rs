@@ -135,6 +135,30 @@ impl Harness {
     fn result(&self) -> (String, Result<InferResponse>) {
         self.done.recv_timeout(WAIT).expect("a response")
     }
+    /// The next `n` responses as (id, succeeded), sorted by id.
+    fn outcomes(&self, n: usize) -> Vec<(String, bool)> {
+        let mut got: Vec<(String, bool)> = (0..n)
+            .map(|_| {
+                let (id, r) = self.result();
+                (id, r.is_ok())
+            })
+            .collect();
+        got.sort();
+        got
+    }
+}
+
+/// One instance holding batches that start with `hold`, behind a dynamic batcher with
+/// `queue` as its default queue policy.
+fn queued(max_batch_size: i32, queue: QueuePolicy) -> Harness {
+    harness(
+        policy(
+            max_batch_size,
+            dynamic(|d| d.default_queue_policy = Some(queue)),
+        ),
+        1,
+        "hold",
+    )
 }
 
 fn dynamic(f: impl FnOnce(&mut DynamicBatching)) -> Option<DynamicBatching> {
@@ -243,18 +267,12 @@ fn priorities_order_service() {
 
 #[test]
 fn a_full_queue_rejects_at_once_without_disturbing_others() {
-    let h = harness(
-        policy(
-            4,
-            dynamic(|d| {
-                d.default_queue_policy = Some(QueuePolicy {
-                    max_queue_size: 2,
-                    ..Default::default()
-                });
-            }),
-        ),
-        1,
-        "hold",
+    let h = queued(
+        4,
+        QueuePolicy {
+            max_queue_size: 2,
+            ..Default::default()
+        },
     );
     h.send("hold", 1, serde_json::json!({})).unwrap();
     h.batch_started();
@@ -279,48 +297,30 @@ fn a_full_queue_rejects_at_once_without_disturbing_others() {
 #[test]
 fn timeouts_reject_or_delay() {
     // REJECT (default action): the queued request times out while the instance is busy.
-    let h = harness(
-        policy(
-            1,
-            dynamic(|d| {
-                d.default_queue_policy = Some(QueuePolicy {
-                    default_timeout_microseconds: 50_000,
-                    ..Default::default()
-                });
-            }),
-        ),
+    let h = queued(
         1,
-        "hold",
+        QueuePolicy {
+            default_timeout_microseconds: 50_000,
+            ..Default::default()
+        },
     );
     h.send("hold", 1, serde_json::json!({})).unwrap();
     h.batch_started();
     h.send("late", 1, serde_json::json!({})).unwrap();
     std::thread::sleep(Duration::from_millis(150));
     h.release();
-    let mut got: Vec<(String, bool)> = (0..2)
-        .map(|_| {
-            let (id, r) = h.result();
-            (id, r.is_ok())
-        })
-        .collect();
-    got.sort();
+    let got = h.outcomes(2);
     assert_eq!(got, vec![("hold".into(), true), ("late".into(), false)]);
     assert_eq!(h.s.stats().failures(FailReason::Rejected), 1);
 
     // DELAY: a timed-out request is served after the in-time ones of its level.
-    let h = harness(
-        policy(
-            1,
-            dynamic(|d| {
-                d.default_queue_policy = Some(QueuePolicy {
-                    timeout_action: wisp_core::config::TimeoutAction::Delay,
-                    allow_timeout_override: true,
-                    ..Default::default()
-                });
-            }),
-        ),
+    let h = queued(
         1,
-        "hold",
+        QueuePolicy {
+            timeout_action: wisp_core::config::TimeoutAction::Delay,
+            allow_timeout_override: true,
+            ..Default::default()
+        },
     );
     h.send("hold", 1, serde_json::json!({})).unwrap();
     h.batch_started();
@@ -343,18 +343,12 @@ fn timeouts_reject_or_delay() {
 /// (Deadlines are checked when an instance looks for work, as in `timeouts_reject_or_delay`.)
 #[test]
 fn a_deadline_behind_one_dispatched_in_time_still_expires() {
-    let h = harness(
-        policy(
-            1,
-            dynamic(|d| {
-                d.default_queue_policy = Some(QueuePolicy {
-                    allow_timeout_override: true,
-                    ..Default::default()
-                });
-            }),
-        ),
+    let h = queued(
         1,
-        "hold",
+        QueuePolicy {
+            allow_timeout_override: true,
+            ..Default::default()
+        },
     );
     h.send("hold-1", 1, serde_json::json!({})).unwrap();
     h.batch_started();
@@ -370,13 +364,7 @@ fn a_deadline_behind_one_dispatched_in_time_still_expires() {
     assert_eq!(h.batch_started(), vec!["hold-2"]);
     std::thread::sleep(Duration::from_millis(600));
     h.release();
-    let mut got: Vec<(String, bool)> = (0..3)
-        .map(|_| {
-            let (id, r) = h.result();
-            (id, r.is_ok())
-        })
-        .collect();
-    got.sort();
+    let got = h.outcomes(3);
     assert_eq!(
         got,
         vec![
@@ -420,13 +408,7 @@ fn serves_every_request_and_survives_a_panic() {
     for id in ["a", "panic", "b", "c"] {
         h.send(id, 1, serde_json::json!({})).unwrap();
     }
-    let mut got: Vec<(String, bool)> = (0..4)
-        .map(|_| {
-            let (id, r) = h.result();
-            (id, r.is_ok())
-        })
-        .collect();
-    got.sort();
+    let got = h.outcomes(4);
     assert_eq!(
         got,
         vec![
