@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wisp_core::backend::{ExecTiming, Instance};
@@ -52,7 +52,7 @@ fn policy(c: &Case) -> Policy {
     let cfg = ModelConfig {
         max_batch_size: c.max_batch_size,
         dynamic_batching: c.dynamic.then(|| DynamicBatching {
-            default_queue_policy: queue.clone(),
+            default_queue_policy: queue,
             ..Default::default()
         }),
         ..Default::default()
@@ -79,7 +79,6 @@ fn drain(c: &Case, depth: usize) -> f64 {
     let s = Scheduler::start("bench", policy(c), vec![Box::new(inst)], None).expect("start");
     let answered = Arc::new(AtomicUsize::new(0));
     let (done_tx, done) = channel();
-    let done_tx = Arc::new(Mutex::new(done_tx));
     let total = depth + 1;
     let submit = |s: &Scheduler| {
         let answered = answered.clone();
@@ -89,7 +88,7 @@ fn drain(c: &Case, depth: usize) -> f64 {
             Box::new(move |r| {
                 r.expect("answered");
                 if answered.fetch_add(1, Ordering::SeqCst) + 1 == total {
-                    let _ = done_tx.lock().expect("done").send(());
+                    let _ = done_tx.send(());
                 }
             }),
         )
