@@ -159,7 +159,6 @@ pub struct Scheduler {
     slots: Mutex<Arc<[Arc<Slot>]>>,
 }
 
-/// A request's parameter as an unsigned integer (`priority`, `timeout`).
 /// Hash of every input's name and non-batch dims: only equal keys batch together.
 fn shape_key(req: &InferRequest, batched: bool) -> u64 {
     use std::hash::{Hash, Hasher};
