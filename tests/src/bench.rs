@@ -102,6 +102,15 @@ struct Args {
     /// runtime), as a client in another process would be, instead of on the server's workers.
     #[arg(long)]
     client_thread: bool,
+    /// Models of the grpc suite, by name (default both: add_sub, ppocr_cls).
+    #[arg(long, value_delimiter = ',')]
+    models: Vec<String>,
+    /// Print on stderr, for each load of the grpc suite, when it ran and how many requests it
+    /// sent (`phase PROTOCOL MODEL CONCURRENCY START END SENT`, times in seconds of
+    /// CLOCK_MONOTONIC, the clock `perf record -k CLOCK_MONOTONIC` stamps samples with), so
+    /// that a profile can be split by load (`benches/grpc_profile.py`).
+    #[arg(long)]
+    phases: bool,
 }
 
 impl Args {
@@ -129,12 +138,12 @@ impl Args {
                     .expect("the clients' runtime")
             });
             let (process, thread) = (
-                cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID),
-                cpu_time(libc::CLOCK_THREAD_CPUTIME_ID),
+                clock_now(libc::CLOCK_PROCESS_CPUTIME_ID),
+                clock_now(libc::CLOCK_THREAD_CPUTIME_ID),
             );
             let out = client.block_on(fut);
-            let process = cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID).saturating_sub(process);
-            let thread = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(thread);
+            let process = clock_now(libc::CLOCK_PROCESS_CPUTIME_ID).saturating_sub(process);
+            let thread = clock_now(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(thread);
             let server = process.saturating_sub(thread);
             (
                 out,
@@ -147,6 +156,21 @@ impl Args {
             (rt.block_on(fut), None)
         }
     }
+
+    /// With `--phases`, prints on stderr that the grpc suite's load of `m` over `protocol` at
+    /// concurrency `c`, begun at `start` (CLOCK_MONOTONIC), has ended, having sent `s.sent`.
+    fn phase(&self, protocol: &str, m: &Model, c: usize, start: Duration, s: &Stats) {
+        if self.phases {
+            let end = clock_now(libc::CLOCK_MONOTONIC);
+            eprintln!(
+                "phase {protocol} {} {c} {:.6} {:.6} {}",
+                m.name,
+                start.as_secs_f64(),
+                end.as_secs_f64(),
+                s.sent
+            );
+        }
+    }
 }
 
 /// CPU time (user and system) a load cost, split between the server and the clients.
@@ -156,8 +180,9 @@ struct Cpu {
     client: Duration,
 }
 
-/// CPU time (user and system) so far of `clock`: this process or this thread.
-fn cpu_time(clock: libc::clockid_t) -> Duration {
+/// The time now of `clock`: CPU time (user and system) so far of this process or this thread,
+/// or CLOCK_MONOTONIC.
+fn clock_now(clock: libc::clockid_t) -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -802,13 +827,15 @@ fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
             (us(c.server) / n, us(c.client) / n)
         })
     };
-    for m in models() {
+    let wanted = |m: &Model| args.models.is_empty() || args.models.iter().any(|n| n == m.name);
+    for m in models().into_iter().filter(wanted) {
         let server = start_server(rt, &m.repo, engine)?;
         let grpc = server.grpc_addr().expect("gRPC is on");
         for &c in &args.batching_concurrency {
             // One row per round: HTTP then gRPC, so that drifts in the machine hit both.
             let mut runs = Vec::new();
             for _ in 0..rounds {
+                let start = clock_now(libc::CLOCK_MONOTONIC);
                 let (h, h_cpu) = args.load_cpu(
                     rt,
                     lean_load(
@@ -820,11 +847,14 @@ fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
                     ),
                 );
                 let h = h?;
+                args.phase("http", &m, c, start, &h);
+                let start = clock_now(libc::CLOCK_MONOTONIC);
                 let (g, g_cpu) = args.load_cpu(
                     rt,
                     lean_load(Protocol::Grpc(grpc), &m, c, args.seconds, args.max_requests),
                 );
                 let g = g?;
+                args.phase("grpc", &m, c, start, &g);
                 let (h_cpu, g_cpu) = (per_req(h_cpu, &h), per_req(g_cpu, &g));
                 runs.push([
                     h.rps,
