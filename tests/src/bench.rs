@@ -812,6 +812,18 @@ mod lean {
 }
 
 fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> anyhow::Result<()> {
+    let known = models();
+    if let Some(unknown) = args
+        .models
+        .iter()
+        .find(|n| !known.iter().any(|m| m.name == n.as_str()))
+    {
+        let names: Vec<&str> = known.iter().map(|m| m.name).collect();
+        anyhow::bail!(
+            "--models: no model named {unknown:?} in the grpc suite (it has: {})",
+            names.join(", ")
+        );
+    }
     let rounds = args.rounds.max(1);
     println!(
         "## grpc: HTTP (binary tensors) vs gRPC (raw contents), same server, lean clients; \
@@ -828,7 +840,7 @@ fn grpc_suite(args: &Args, rt: &tokio::runtime::Runtime, engine: OnnxEngine) -> 
         })
     };
     let wanted = |m: &Model| args.models.is_empty() || args.models.iter().any(|n| n == m.name);
-    for m in models().into_iter().filter(wanted) {
+    for m in known.into_iter().filter(wanted) {
         let server = start_server(rt, &m.repo, engine)?;
         let grpc = server.grpc_addr().expect("gRPC is on");
         for &c in &args.batching_concurrency {

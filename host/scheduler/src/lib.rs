@@ -7,8 +7,9 @@
 //! queue policy: `max_queue_size` rejects at once when full, timeouts REJECT or DELAY). Each
 //! instance runs on its own dedicated OS thread; when free it takes the next batch: with the
 //! dynamic batcher on, as many queued requests (highest priority first, FIFO within a level,
-//! equal non-batch shapes) as fit in `max_batch_size` rows, sent at once when a preferred or
-//! the maximum size is reached, or when the oldest has waited `max_queue_delay_microseconds`.
+//! equal non-batch shapes, looking past at most [`SHAPE_LOOKAHEAD`] requests of other shapes)
+//! as fit in `max_batch_size` rows, sent at once when a preferred or the maximum size is
+//! reached, another shape waits, or the oldest has waited `max_queue_delay_microseconds`.
 //! The backend executes the whole batch and returns one response per request, which goes back
 //! to that request's callback (in request order with `preserve_ordering`). A panicking backend
 //! fails only the requests it was executing; the instance thread keeps serving.
@@ -120,6 +121,12 @@ struct Shared {
     /// the caller fast path is only for models whose executions are short.
     recent_exec_ns: AtomicU64,
 }
+
+/// How many queued requests of other shapes a dynamic batch looks past for more of its own.
+/// Requests of its shape further back wait for a later batch. This bounds the work done under
+/// the scheduler lock per dispatch when shapes vary from request to request (variable-length
+/// inputs), which would otherwise be a scan of the whole queue for every batch.
+pub const SHAPE_LOOKAHEAD: usize = 1024;
 
 /// Longest recent average execution for which a caller may run a request itself.
 const ON_CALLER_MAX_NS: u64 = 100_000;
@@ -511,6 +518,7 @@ impl Shared {
         let mut rows = 0;
         let mut blocked = false;
         let mut first_key = None;
+        let mut other_shapes = 0usize;
         for (l, d, i) in order {
             let j = job(l, d, i);
             if j.affinity.is_some_and(|a| a != me) {
@@ -522,10 +530,15 @@ impl Shared {
             }
             let key = *first_key.get_or_insert(j.shape_key);
             if j.shape_key != key {
-                // Another shape waits: the batch is the oldest request and every queued request
-                // of its shape (later ones of other shapes wait for the next batch, so none
-                // starves), and it goes now rather than after the queue delay.
+                // Another shape waits: the batch is the oldest request and the queued requests
+                // of its shape up to SHAPE_LOOKAHEAD requests of other shapes past it (later
+                // ones of other shapes wait for the next batch, so none starves), and it goes
+                // now rather than after the queue delay.
                 blocked = true;
+                other_shapes += 1;
+                if other_shapes > SHAPE_LOOKAHEAD {
+                    break;
+                }
                 continue;
             }
             if rows + j.rows > p.max_batch_size.max(1) {

@@ -104,13 +104,19 @@ fn harness(policy: Policy, instances: usize, hold: &'static str) -> Harness {
 }
 
 fn req(id: &str, rows: usize, params: serde_json::Value) -> InferRequest {
-    let data: Vec<u8> = (0..rows)
+    req_wide(id, rows, 1, params)
+}
+
+/// A request whose input is `rows` × `width`: requests of different widths never batch.
+fn req_wide(id: &str, rows: usize, width: usize, params: serde_json::Value) -> InferRequest {
+    let data: Vec<u8> = (0..rows * width)
         .flat_map(|i| (i as f32 + 1.0).to_le_bytes())
         .collect();
     let parameters = params.as_object().cloned().unwrap_or_default();
+    let shape = vec![rows as i64, width as i64];
     InferRequest {
         id: id.into(),
-        inputs: vec![Tensor::new("x", DataType::Fp32, vec![rows as i64, 1], data.into()).unwrap()],
+        inputs: vec![Tensor::new("x", DataType::Fp32, shape, data.into()).unwrap()],
         scheduling: wisp_core::infer::Scheduling::from_parameters(&parameters).unwrap(),
         parameters,
         ..Default::default()
@@ -123,6 +129,14 @@ impl Harness {
         let id2 = id.to_string();
         self.s.enqueue(
             req(id, rows, params),
+            Box::new(move |r| tx.send((id2, r)).unwrap()),
+        )
+    }
+    fn send_wide(&self, id: &str, width: usize) -> Result<()> {
+        let tx = self.done_tx.clone();
+        let id2 = id.to_string();
+        self.s.enqueue(
+            req_wide(id, 1, width, serde_json::json!({})),
             Box::new(move |r| tx.send((id2, r)).unwrap()),
         )
     }
@@ -237,6 +251,40 @@ fn a_preferred_size_goes_at_once_and_a_lone_request_after_the_delay() {
         "left after {waited:?}"
     );
     assert!(waited < Duration::from_secs(5), "left after {waited:?}");
+}
+
+#[test]
+fn a_batch_gathers_its_shape_past_others_but_only_so_far() {
+    let h = harness(policy(8, dynamic(|_| {})), 1, "hold");
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    // a0 is oldest; 3 requests of another shape separate a1 from it, and SHAPE_LOOKAHEAD + 1
+    // separate a2
+    h.send_wide("a0", 2).unwrap();
+    for i in 0..3 {
+        h.send_wide(&format!("b{i:03}"), 1).unwrap();
+    }
+    h.send_wide("a1", 2).unwrap();
+    for i in 3..=crate::SHAPE_LOOKAHEAD {
+        h.send_wide(&format!("b{i:03}"), 1).unwrap();
+    }
+    h.send_wide("a2", 2).unwrap();
+    h.release();
+    // the first batch looks past the b's for a1 but stops before reaching a2
+    assert_eq!(h.batch_started(), vec!["a0", "a1"]);
+    // then the b's go in full batches, FIFO, and a2 is served in its turn, after them all
+    let b: Vec<String> = (0..8).map(|i| format!("b{i:03}")).collect();
+    assert_eq!(h.batch_started(), b);
+    // hold, the three a's and SHAPE_LOOKAHEAD + 1 b's
+    let n = crate::SHAPE_LOOKAHEAD + 5;
+    let got = h.outcomes(n);
+    assert!(got.iter().all(|(_, ok)| *ok), "every request is served");
+    assert_eq!(got.len(), n);
+    let mut last = Vec::new();
+    while let Ok(ids) = h.started.recv_timeout(Duration::from_millis(10)) {
+        last = ids;
+    }
+    assert_eq!(last, vec!["a2"], "a2 goes last, alone");
 }
 
 #[test]
