@@ -7,7 +7,8 @@
 //! queue policy: `max_queue_size` rejects at once when full, timeouts REJECT or DELAY). Each
 //! instance runs on its own dedicated OS thread; when free it takes the next batch: with the
 //! dynamic batcher on, as many queued requests (highest priority first, FIFO within a level,
-//! equal non-batch shapes, looking past at most [`SHAPE_LOOKAHEAD`] requests of other shapes)
+//! equal non-batch shapes, looking past at most [`SHAPE_LOOKAHEAD`] requests of other shapes,
+//! and no further once it holds every queued request of its shape)
 //! as fit in `max_batch_size` rows, sent at once when a preferred or the maximum size is
 //! reached, another shape waits, or the oldest has waited `max_queue_delay_microseconds`.
 //! The backend executes the whole batch and returns one response per request, which goes back
@@ -78,11 +79,48 @@ struct Level {
 
 struct State {
     levels: Vec<Level>,
+    /// The queued requests by shape, kept with the dynamic batcher only.
+    shapes: Shapes,
     stopping: bool,
     /// Instances asked to leave (resize down): the next idle ones exit.
     retiring: usize,
     next_seq: u64,
     queued: usize,
+}
+
+/// Queued requests (every level, DELAY queues included) that any instance may take, counted by
+/// shape: a dynamic batch that holds every one of its shape stops looking, so a shape seen
+/// once costs no scan of the queue. Requests pinned to an instance (sequences) are not counted.
+#[derive(Default)]
+struct Shapes {
+    unpinned: usize,
+    by_key: std::collections::HashMap<u64, usize>,
+}
+
+impl Shapes {
+    fn add(&mut self, j: &Job) {
+        if j.affinity.is_none() {
+            self.unpinned += 1;
+            *self.by_key.entry(j.shape_key).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, j: &Job) {
+        if j.affinity.is_some() {
+            return;
+        }
+        self.unpinned -= 1;
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.by_key.entry(j.shape_key) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+
+    fn count(&self, key: u64) -> usize {
+        self.by_key.get(&key).copied().unwrap_or(0)
+    }
 }
 
 impl State {
@@ -198,6 +236,7 @@ impl Scheduler {
             policy,
             state: Mutex::new(State {
                 levels,
+                shapes: Shapes::default(),
                 stopping: false,
                 retiring: 0,
                 next_seq: 0,
@@ -348,11 +387,7 @@ impl Scheduler {
         state.queued += 1;
         sh.inflight.fetch_add(1, Ordering::SeqCst);
         let deadline = timeout.map(|t| now + t);
-        let lv = &mut state.levels[level - 1];
-        if let Some(d) = deadline {
-            lv.earliest_deadline = Some(lv.earliest_deadline.map_or(d, |e| e.min(d)));
-        }
-        lv.queue.push_back(Job {
+        let job = Job {
             request,
             respond,
             rows,
@@ -361,7 +396,15 @@ impl Scheduler {
             deadline,
             seq,
             affinity: instance,
-        });
+        };
+        if p.dynamic {
+            state.shapes.add(&job);
+        }
+        let lv = &mut state.levels[level - 1];
+        if let Some(d) = deadline {
+            lv.earliest_deadline = Some(lv.earliest_deadline.map_or(d, |e| e.min(d)));
+        }
+        lv.queue.push_back(job);
         drop(state);
         sh.ready.notify_all();
         Ok(())
@@ -495,6 +538,11 @@ impl Shared {
             lv.queue = keep;
         }
         state.queued -= rejected.len();
+        if self.policy.dynamic {
+            for j in rejected.iter() {
+                state.shapes.remove(j);
+            }
+        }
     }
 
     /// Decides what free instance number `me` does next.
@@ -519,6 +567,9 @@ impl Shared {
         let mut blocked = false;
         let mut first_key = None;
         let mut other_shapes = 0usize;
+        // With no pinned request queued, every queued request of the batch's shape is in
+        // `state.shapes`, so the batch can stop looking once it holds them all.
+        let none_pinned = state.shapes.unpinned == state.queued;
         for (l, d, i) in order {
             let j = job(l, d, i);
             if j.affinity.is_some_and(|a| a != me) {
@@ -548,6 +599,11 @@ impl Shared {
             rows += j.rows;
             picked.push((l, d, i));
             if rows == p.max_batch_size {
+                break;
+            }
+            if none_pinned && picked.len() == state.shapes.count(key) {
+                // The rest are of other shapes (scanning on would find only them).
+                blocked |= state.queued > picked.len();
                 break;
             }
         }
@@ -608,6 +664,11 @@ impl Shared {
             .collect();
         batch.sort_by_key(|j| j.seq);
         state.queued -= batch.len();
+        if p.dynamic {
+            for j in &batch {
+                state.shapes.remove(j);
+            }
+        }
         Next::Batch(batch)
     }
 

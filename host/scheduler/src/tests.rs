@@ -175,6 +175,13 @@ fn queued(max_batch_size: i32, queue: QueuePolicy) -> Harness {
     )
 }
 
+/// What the scheduler counts of its queued requests by shape: (requests, shapes). Both are 0
+/// once every request has been taken or rejected.
+fn shapes_counted(s: &Scheduler) -> (usize, usize) {
+    let st = s.shared.state.lock().unwrap();
+    (st.shapes.unpinned, st.shapes.by_key.len())
+}
+
 fn dynamic(f: impl FnOnce(&mut DynamicBatching)) -> Option<DynamicBatching> {
     let mut db = DynamicBatching::default();
     f(&mut db);
@@ -285,6 +292,43 @@ fn a_batch_gathers_its_shape_past_others_but_only_so_far() {
         last = ids;
     }
     assert_eq!(last, vec!["a2"], "a2 goes last, alone");
+    assert_eq!(shapes_counted(&h.s), (0, 0));
+}
+
+#[test]
+fn a_batch_holding_all_of_its_shape_goes_at_once_and_the_rest_batch_by_shape() {
+    let h = harness(
+        policy(8, dynamic(|d| d.max_queue_delay_microseconds = 60_000_000)),
+        1,
+        "hold",
+    );
+    // a full batch: it goes without waiting for the queue delay
+    h.send("hold", 8, serde_json::json!({})).unwrap();
+    h.batch_started();
+    for (id, width) in [
+        ("a0", 2),
+        ("b0", 1),
+        ("c0", 3),
+        ("b1", 1),
+        ("a1", 2),
+        ("b2", 1),
+    ] {
+        h.send_wide(id, width).unwrap();
+    }
+    assert_eq!(shapes_counted(&h.s), (6, 3));
+    h.release();
+    // each batch is one shape, oldest first, and goes at once while another shape waits
+    assert_eq!(h.batch_started(), vec!["a0", "a1"]);
+    assert_eq!(h.batch_started(), vec!["b0", "b1", "b2"]);
+    // c0, left alone, waits for the (long) queue delay, until its batch fills
+    let c: Vec<String> = (0..8).map(|i| format!("c{i}")).collect();
+    for id in &c[1..] {
+        h.send_wide(id, 3).unwrap();
+    }
+    assert_eq!(h.batch_started(), c);
+    let got = h.outcomes(14);
+    assert!(got.iter().all(|(_, ok)| *ok), "{got:?}");
+    assert_eq!(shapes_counted(&h.s), (0, 0));
 }
 
 #[test]
@@ -360,6 +404,7 @@ fn timeouts_reject_or_delay() {
     let got = h.outcomes(2);
     assert_eq!(got, vec![("hold".into(), true), ("late".into(), false)]);
     assert_eq!(h.s.stats().failures(FailReason::Rejected), 1);
+    assert_eq!(shapes_counted(&h.s), (0, 0));
 
     // DELAY: a timed-out request is served after the in-time ones of its level.
     let h = queued(
@@ -384,6 +429,7 @@ fn timeouts_reject_or_delay() {
     for _ in 0..4 {
         assert!(h.result().1.is_ok());
     }
+    assert_eq!(shapes_counted(&h.s), (0, 0));
 }
 
 /// The queue keeps a lower bound on its earliest deadline, which goes stale when the request
