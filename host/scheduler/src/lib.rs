@@ -8,9 +8,9 @@
 //! instance runs on its own dedicated OS thread; when free it takes the next batch: with the
 //! dynamic batcher on, as many queued requests (highest priority first, FIFO within a level,
 //! equal non-batch shapes, looking past at most [`SHAPE_LOOKAHEAD`] requests of other shapes,
-//! and no further once it holds every queued request of its shape)
-//! as fit in `max_batch_size` rows, sent at once when a preferred or the maximum size is
-//! reached, another shape waits, or the oldest has waited `max_queue_delay_microseconds`.
+//! and no further once it holds every queued request of its shape) as fit in `max_batch_size`
+//! rows, sent at once when a preferred or the maximum size is reached, another shape waits, or
+//! the oldest has waited `max_queue_delay_microseconds`.
 //! The backend executes the whole batch and returns one response per request, which goes back
 //! to that request's callback (in request order with `preserve_ordering`). A panicking backend
 //! fails only the requests it was executing; the instance thread keeps serving.
@@ -79,7 +79,7 @@ struct Level {
 
 struct State {
     levels: Vec<Level>,
-    /// The queued requests by shape, kept with the dynamic batcher only.
+    /// The queued requests by shape (counted with the dynamic batcher only).
     shapes: Shapes,
     stopping: bool,
     /// Instances asked to leave (resize down): the next idle ones exit.
@@ -90,23 +90,32 @@ struct State {
 
 /// Queued requests (every level, DELAY queues included) that any instance may take, counted by
 /// shape: a dynamic batch that holds every one of its shape stops looking, so a shape seen
-/// once costs no scan of the queue. Requests pinned to an instance (sequences) are not counted.
-#[derive(Default)]
+/// once costs no scan of the queue. Requests pinned to an instance (sequences) are not counted,
+/// and nothing is without the dynamic batcher, which never looks past the oldest request.
 struct Shapes {
+    counting: bool,
     unpinned: usize,
     by_key: std::collections::HashMap<u64, usize>,
 }
 
 impl Shapes {
+    fn new(counting: bool) -> Self {
+        Shapes {
+            counting,
+            unpinned: 0,
+            by_key: Default::default(),
+        }
+    }
+
     fn add(&mut self, j: &Job) {
-        if j.affinity.is_none() {
+        if self.counting && j.affinity.is_none() {
             self.unpinned += 1;
             *self.by_key.entry(j.shape_key).or_default() += 1;
         }
     }
 
     fn remove(&mut self, j: &Job) {
-        if j.affinity.is_some() {
+        if !self.counting || j.affinity.is_some() {
             return;
         }
         self.unpinned -= 1;
@@ -124,6 +133,14 @@ impl Shapes {
 }
 
 impl State {
+    /// Takes `jobs`, just taken out of the queues, out of the counts of queued requests.
+    fn left_queue(&mut self, jobs: &[Job]) {
+        self.queued -= jobs.len();
+        for j in jobs {
+            self.shapes.remove(j);
+        }
+    }
+
     /// A lower bound on the earliest deadline of a queued request (see
     /// [`Level::earliest_deadline`]): waiting until then wakes no later than needed.
     fn earliest_deadline(&self) -> Option<Instant> {
@@ -231,12 +248,13 @@ impl Scheduler {
         observer: Option<Observer>,
     ) -> Result<Self> {
         let levels = (0..policy.levels.len()).map(|_| Level::default()).collect();
+        let shapes = Shapes::new(policy.dynamic);
         let shared = Arc::new(Shared {
             model: model.to_string(),
             policy,
             state: Mutex::new(State {
                 levels,
-                shapes: Shapes::default(),
+                shapes,
                 stopping: false,
                 retiring: 0,
                 next_seq: 0,
@@ -397,9 +415,7 @@ impl Scheduler {
             seq,
             affinity: instance,
         };
-        if p.dynamic {
-            state.shapes.add(&job);
-        }
+        state.shapes.add(&job);
         let lv = &mut state.levels[level - 1];
         if let Some(d) = deadline {
             lv.earliest_deadline = Some(lv.earliest_deadline.map_or(d, |e| e.min(d)));
@@ -537,12 +553,7 @@ impl Shared {
             lv.earliest_deadline = keep.iter().filter_map(|j| j.deadline).min();
             lv.queue = keep;
         }
-        state.queued -= rejected.len();
-        if self.policy.dynamic {
-            for j in rejected.iter() {
-                state.shapes.remove(j);
-            }
-        }
+        state.left_queue(rejected);
     }
 
     /// Decides what free instance number `me` does next.
@@ -568,8 +579,10 @@ impl Shared {
         let mut first_key = None;
         let mut other_shapes = 0usize;
         // With no pinned request queued, every queued request of the batch's shape is in
-        // `state.shapes`, so the batch can stop looking once it holds them all.
+        // `state.shapes`, so the batch can stop looking once it holds them all (how many: looked
+        // up once, with the batch's shape).
         let none_pinned = state.shapes.unpinned == state.queued;
+        let mut of_key = None;
         for (l, d, i) in order {
             let j = job(l, d, i);
             if j.affinity.is_some_and(|a| a != me) {
@@ -601,7 +614,8 @@ impl Shared {
             if rows == p.max_batch_size {
                 break;
             }
-            if none_pinned && picked.len() == state.shapes.count(key) {
+            let queued_of_key = *of_key.get_or_insert_with(|| state.shapes.count(key));
+            if none_pinned && picked.len() == queued_of_key {
                 // The rest are of other shapes (scanning on would find only them).
                 blocked |= state.queued > picked.len();
                 break;
@@ -663,12 +677,7 @@ impl Shared {
             })
             .collect();
         batch.sort_by_key(|j| j.seq);
-        state.queued -= batch.len();
-        if p.dynamic {
-            for j in &batch {
-                state.shapes.remove(j);
-            }
-        }
+        state.left_queue(&batch);
         Next::Batch(batch)
     }
 

@@ -125,20 +125,17 @@ fn req_wide(id: &str, rows: usize, width: usize, params: serde_json::Value) -> I
 
 impl Harness {
     fn send(&self, id: &str, rows: usize, params: serde_json::Value) -> Result<()> {
-        let tx = self.done_tx.clone();
-        let id2 = id.to_string();
-        self.s.enqueue(
-            req(id, rows, params),
-            Box::new(move |r| tx.send((id2, r)).unwrap()),
-        )
+        self.submit(req(id, rows, params))
     }
     fn send_wide(&self, id: &str, width: usize) -> Result<()> {
+        self.submit(req_wide(id, 1, width, serde_json::json!({})))
+    }
+    /// Enqueues `r`; its response comes back on `done` under its id.
+    fn submit(&self, r: InferRequest) -> Result<()> {
         let tx = self.done_tx.clone();
-        let id2 = id.to_string();
-        self.s.enqueue(
-            req_wide(id, 1, width, serde_json::json!({})),
-            Box::new(move |r| tx.send((id2, r)).unwrap()),
-        )
+        let id = r.id.clone();
+        self.s
+            .enqueue(r, Box::new(move |res| tx.send((id, res)).unwrap()))
     }
     fn batch_started(&self) -> Vec<String> {
         self.started.recv_timeout(WAIT).expect("a batch starts")
