@@ -388,3 +388,62 @@ async fn host_policies_pin_instances_and_unknown_ones_are_reported() {
         .contains("host_policy 'nowhere' is not defined"));
     server.shutdown().await.unwrap();
 }
+
+/// A REJECT queue timeout is answered when it passes, while the model's one instance is still
+/// busy with another request (a plugin spinning until its 2 s deadline), not after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_timeout_is_answered_while_the_instance_is_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"backend: "wasm"
+max_batch_size: 4
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+dynamic_batching {{ default_queue_policy {{ default_timeout_microseconds: 200000 }} }}
+{}"#,
+        wisp_tests::config_param("wasm.timeout_ms", "2000")
+    );
+    wisp_tests::add_plugin_model(dir.path(), "busy", 1, "testkit", &config);
+    let server = start_with(dir.path(), OnnxEngine::Tract, |_| {}).await;
+    let addr = server.http_addr();
+    let request = |mode: &str| {
+        json!({
+            "inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}],
+            "parameters": {"mode": mode},
+        })
+    };
+    let spinning = {
+        let body = request("loop");
+        tokio::spawn(async move {
+            let mut c = Client::connect(addr).await.unwrap();
+            c.post_json("/v2/models/busy/infer", &body).await.unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let start = Instant::now();
+    let r = c
+        .post_json("/v2/models/busy/infer", &request("identity"))
+        .await
+        .unwrap();
+    let waited = start.elapsed();
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    let msg = r.json()["error"].as_str().unwrap().to_string();
+    assert!(msg.contains("Request timeout expired"), "{msg}");
+    assert!(waited >= Duration::from_millis(200), "{waited:?}");
+    assert!(
+        !spinning.is_finished(),
+        "answered only after the busy instance freed up ({waited:?})"
+    );
+    let spun = spinning.await.unwrap();
+    assert_eq!(spun.status, 503, "{}", String::from_utf8_lossy(&spun.body));
+    let r = c
+        .post_json("/v2/models/busy/infer", &request("identity"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let s = stats_of(&mut c, "busy").await;
+    assert_eq!(s["inference_stats"]["fail"]["count"], 2, "{s}");
+    server.shutdown().await.unwrap();
+}

@@ -11,6 +11,9 @@
 //! and no further once it holds every queued request of its shape) as fit in `max_batch_size`
 //! rows, sent at once when a preferred or the maximum size is reached, another shape waits, or
 //! the oldest has waited `max_queue_delay_microseconds`.
+//! A request whose queue timeout passes under REJECT is answered at once, even while every
+//! instance is busy (a model with such a policy gets a timeout thread, as Triton's batcher
+//! rejects timed-out requests while it waits for a free instance).
 //! The backend executes the whole batch and returns one response per request, which goes back
 //! to that request's callback (in request order with `preserve_ordering`). A panicking backend
 //! fails only the requests it was executing; the instance thread keeps serving.
@@ -34,7 +37,8 @@ pub use policy::{LevelPolicy, Policy, TimeoutAction};
 pub use stats::{BatchStat, DurationStat, FailReason, ModelStats};
 
 /// Called exactly once with the request's outcome, on an instance thread (or the caller's
-/// thread for a request rejected while queued).
+/// thread for a request rejected as it is queued, or the timeout thread for one whose queue
+/// timeout passed while every instance was busy).
 pub type Responder = Box<dyn FnOnce(Result<InferResponse>) + Send>;
 
 /// Per-request timings handed to an [`Observer`] when a request completes.
@@ -75,6 +79,20 @@ struct Level {
     /// taking requests out leaves it as it is. It saves scanning a deep queue under the lock
     /// each time an instance looks for work.
     earliest_deadline: Option<Instant>,
+    /// Some request in `queue` has an earlier deadline than one ahead of it (a request without
+    /// a deadline counts as never expiring). While not, the requests that timed out are a
+    /// prefix of the queue and the front's deadline is the earliest, so expiring costs no scan:
+    /// the case of a level whose requests all take its default timeout.
+    out_of_order: bool,
+}
+
+/// `a` passes after `b` (`None`: never).
+fn passes_after(a: Option<Instant>, b: Option<Instant>) -> bool {
+    match (a, b) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(a), Some(b)) => a > b,
+    }
 }
 
 struct State {
@@ -86,6 +104,8 @@ struct State {
     retiring: usize,
     next_seq: u64,
     queued: usize,
+    /// The timeout thread leaves (set once every instance thread has left).
+    timeouts_done: bool,
 }
 
 /// Queued requests (every level, DELAY queues included) that any instance may take, counted by
@@ -149,6 +169,16 @@ impl State {
             .filter_map(|lv| lv.earliest_deadline)
             .min()
     }
+
+    /// As [`State::earliest_deadline`], over the levels whose timeouts REJECT.
+    fn earliest_reject(&self, policy: &Policy) -> Option<Instant> {
+        self.levels
+            .iter()
+            .zip(&policy.levels)
+            .filter(|(_, p)| p.action == TimeoutAction::Reject)
+            .filter_map(|(lv, _)| lv.earliest_deadline)
+            .min()
+    }
 }
 
 /// Response delivery in request order (`preserve_ordering`).
@@ -163,6 +193,8 @@ struct Shared {
     policy: Policy,
     state: Mutex<State>,
     ready: Condvar,
+    /// Wakes the timeout thread: a REJECT deadline earlier than it knew of, or the end.
+    timeouts: Condvar,
     inflight: AtomicUsize,
     stats: Arc<ModelStats>,
     ordered: Mutex<Ordered>,
@@ -182,6 +214,11 @@ struct Shared {
 /// the scheduler lock per dispatch when shapes vary from request to request (variable-length
 /// inputs), which would otherwise be a scan of the whole queue for every batch.
 pub const SHAPE_LOOKAHEAD: usize = 1024;
+
+/// The least time between two of the timeout thread's scans of the queue. When deadlines pass
+/// one after another in a deep queue, each scan answers all that have passed, and the queue is
+/// scanned at most this often under the lock. A timed-out request is answered at most this late.
+const TIMEOUT_SCAN_GAP: Duration = Duration::from_millis(1);
 
 /// Longest recent average execution for which a caller may run a request itself.
 const ON_CALLER_MAX_NS: u64 = 100_000;
@@ -219,6 +256,8 @@ pub struct Scheduler {
     /// whole when instances are added, so that a request's fast path takes a reference to it
     /// rather than a copy.
     slots: Mutex<Arc<[Arc<Slot>]>>,
+    /// The timeout thread, when the policy has REJECT timeouts.
+    timeouts: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Hash of every input's name and non-batch dims: only equal keys batch together.
@@ -249,6 +288,9 @@ impl Scheduler {
     ) -> Result<Self> {
         let levels = (0..policy.levels.len()).map(|_| Level::default()).collect();
         let shapes = Shapes::new(policy.dynamic);
+        let rejects_on_time = policy.levels.iter().any(|l| {
+            l.action == TimeoutAction::Reject && (l.default_timeout.is_some() || l.allow_override)
+        });
         let shared = Arc::new(Shared {
             model: model.to_string(),
             policy,
@@ -259,8 +301,10 @@ impl Scheduler {
                 retiring: 0,
                 next_seq: 0,
                 queued: 0,
+                timeouts_done: false,
             }),
             ready: Condvar::new(),
+            timeouts: Condvar::new(),
             inflight: AtomicUsize::new(0),
             stats: Arc::new(ModelStats::default()),
             ordered: Mutex::new(Ordered::default()),
@@ -274,7 +318,16 @@ impl Scheduler {
             threads: Mutex::new(Vec::new()),
             instances: AtomicUsize::new(0),
             slots: Mutex::new(Arc::new([])),
+            timeouts: Mutex::new(None),
         };
+        if rejects_on_time {
+            let shared = s.shared.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("wisp-{}-timeouts", s.shared.model))
+                .spawn(move || run_timeouts(&shared))
+                .map_err(|e| Error::internal(format!("cannot start timeout thread: {e}")))?;
+            *s.timeouts.lock().expect("timeouts lock") = Some(handle);
+        }
         s.add_instances(instances)?;
         Ok(s)
     }
@@ -417,12 +470,24 @@ impl Scheduler {
         };
         state.shapes.add(&job);
         let lv = &mut state.levels[level - 1];
+        match lv.queue.back() {
+            None => lv.out_of_order = false,
+            Some(last) => lv.out_of_order |= passes_after(last.deadline, deadline),
+        }
+        let mut sooner = false;
         if let Some(d) = deadline {
-            lv.earliest_deadline = Some(lv.earliest_deadline.map_or(d, |e| e.min(d)));
+            if lv.earliest_deadline.is_none_or(|e| d < e) {
+                lv.earliest_deadline = Some(d);
+                sooner = p.levels[level - 1].action == TimeoutAction::Reject;
+            }
         }
         lv.queue.push_back(job);
         drop(state);
         sh.ready.notify_all();
+        if sooner {
+            // Only when the deadline is earlier than the level's: a notify is a system call.
+            sh.timeouts.notify_one();
+        }
         Ok(())
     }
 
@@ -514,6 +579,16 @@ impl Scheduler {
         for t in threads {
             let _ = t.join();
         }
+        // The timeout thread serves the drain too, and leaves after it.
+        self.shared
+            .state
+            .lock()
+            .expect("scheduler lock")
+            .timeouts_done = true;
+        self.shared.timeouts.notify_all();
+        if let Some(t) = self.timeouts.lock().expect("timeouts lock").take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -530,30 +605,61 @@ enum Next {
 }
 
 impl Shared {
-    /// Moves or collects requests whose queue timeout passed.
-    fn expire(&self, state: &mut State, now: Instant, rejected: &mut Vec<Job>) {
+    /// Moves (DELAY) or collects (REJECT) requests whose queue timeout passed; with
+    /// `reject_only`, leaves the DELAY levels alone.
+    fn expire(&self, state: &mut State, now: Instant, rejected: &mut Vec<Job>, reject_only: bool) {
         for (i, lv) in state.levels.iter_mut().enumerate() {
             if lv.earliest_deadline.is_none_or(|d| d > now) {
                 continue;
             }
             let action = self.policy.levels[i].action;
-            let mut keep = VecDeque::with_capacity(lv.queue.len());
+            if reject_only && action != TimeoutAction::Reject {
+                continue;
+            }
+            let mut timed_out = |j: Job| match action {
+                TimeoutAction::Reject => rejected.push(j),
+                TimeoutAction::Delay => lv.delayed.push_back(Job {
+                    deadline: None,
+                    ..j
+                }),
+            };
+            if !lv.out_of_order {
+                while lv
+                    .queue
+                    .front()
+                    .is_some_and(|j| j.deadline.is_some_and(|d| d <= now))
+                {
+                    timed_out(lv.queue.pop_front().expect("the front is there"));
+                }
+                lv.earliest_deadline = lv.queue.front().and_then(|j| j.deadline);
+                continue;
+            }
+            let mut keep: VecDeque<Job> = VecDeque::with_capacity(lv.queue.len());
+            let mut out_of_order = false;
             for j in lv.queue.drain(..) {
                 match j.deadline {
-                    Some(d) if d <= now => match action {
-                        TimeoutAction::Reject => rejected.push(j),
-                        TimeoutAction::Delay => lv.delayed.push_back(Job {
-                            deadline: None,
-                            ..j
-                        }),
-                    },
-                    _ => keep.push_back(j),
+                    Some(d) if d <= now => timed_out(j),
+                    _ => {
+                        if let Some(last) = keep.back() {
+                            out_of_order |= passes_after(last.deadline, j.deadline);
+                        }
+                        keep.push_back(j);
+                    }
                 }
             }
             lv.earliest_deadline = keep.iter().filter_map(|j| j.deadline).min();
+            lv.out_of_order = out_of_order;
             lv.queue = keep;
         }
         state.left_queue(rejected);
+    }
+
+    /// Answers requests whose queue timeout passed under REJECT (not holding the lock).
+    fn reject_expired(&self, rejected: Vec<Job>) {
+        for job in rejected {
+            let msg = format!("Request timeout expired (model '{}')", self.model);
+            self.finish_failed(job, Error::unavailable(msg), FailReason::Rejected);
+        }
     }
 
     /// Decides what free instance number `me` does next.
@@ -733,7 +839,7 @@ fn run_instance(shared: &Shared, slot: &Slot, me: usize) {
                     return;
                 }
                 let now = Instant::now();
-                shared.expire(&mut state, now, &mut rejected);
+                shared.expire(&mut state, now, &mut rejected, false);
                 if !rejected.is_empty() {
                     break None;
                 }
@@ -754,10 +860,7 @@ fn run_instance(shared: &Shared, slot: &Slot, me: usize) {
                 }
             }
         };
-        for job in rejected {
-            let msg = format!("Request timeout expired (model '{}')", shared.model);
-            shared.finish_failed(job, Error::unavailable(msg), FailReason::Rejected);
-        }
+        shared.reject_expired(rejected);
         if let Some(batch) = batch {
             let mut guard = slot.lock();
             match guard.as_mut() {
@@ -773,6 +876,40 @@ fn run_instance(shared: &Shared, slot: &Slot, me: usize) {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The loop of the timeout thread, until the scheduler has stopped: it answers requests whose
+/// REJECT deadline passes while no instance looks at the queue (all of them are executing).
+/// Instances also expire requests when they look for work, so DELAY needs no thread: a delayed
+/// request is only ever reordered behind others, which matters only once an instance is free.
+fn run_timeouts(shared: &Shared) {
+    let mut state = shared.state.lock().expect("scheduler lock");
+    let mut last_scan: Option<Instant> = None;
+    while !state.timeouts_done {
+        let now = Instant::now();
+        let Some(due) = state.earliest_reject(&shared.policy) else {
+            state = shared.timeouts.wait(state).expect("scheduler lock");
+            continue;
+        };
+        let due = last_scan.map_or(due, |t| due.max(t + TIMEOUT_SCAN_GAP));
+        if due > now {
+            state = shared
+                .timeouts
+                .wait_timeout(state, due - now)
+                .expect("scheduler lock")
+                .0;
+            continue;
+        }
+        // A scan also makes the levels' bounds exact, so a stale bound is passed only once.
+        let mut rejected = Vec::new();
+        shared.expire(&mut state, now, &mut rejected, true);
+        last_scan = Some(now);
+        if !rejected.is_empty() {
+            drop(state);
+            shared.reject_expired(rejected);
+            state = shared.state.lock().expect("scheduler lock");
         }
     }
 }

@@ -429,9 +429,123 @@ fn timeouts_reject_or_delay() {
     assert_eq!(shapes_counted(&h.s), (0, 0));
 }
 
+/// Under REJECT, a queued request is answered when its timeout passes, not when an instance
+/// next frees up (Triton's batcher does the same while it waits for a free instance); a sooner
+/// deadline that arrives later is answered first.
+#[test]
+fn a_rejected_timeout_is_answered_while_every_instance_is_busy() {
+    let h = queued(
+        1,
+        QueuePolicy {
+            default_timeout_microseconds: 5_000_000,
+            allow_timeout_override: true,
+            ..Default::default()
+        },
+    );
+    assert!(h.s.timeouts.lock().unwrap().is_some(), "a timeout thread");
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    let sent = Instant::now();
+    // The thread waits for the 5 s deadline when the 50 ms one comes in.
+    h.send("slow", 1, serde_json::json!({})).unwrap();
+    h.send("fast", 1, serde_json::json!({"timeout": 50_000}))
+        .unwrap();
+    assert!(out_of_order(&h.s), "a sooner deadline behind a later one");
+    let (id, r) = h.result();
+    let waited = sent.elapsed();
+    assert_eq!(id, "fast");
+    let e = r.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert!(e.message().contains("Request timeout expired"), "{e}");
+    assert!(waited >= Duration::from_millis(50), "{waited:?}");
+    assert!(waited < Duration::from_secs(4), "answered late: {waited:?}");
+    assert_eq!(h.s.stats().failures(FailReason::Rejected), 1);
+    assert_eq!(h.s.pending(), 1);
+    assert_eq!(h.s.inflight(), 2);
+    assert!(!out_of_order(&h.s), "made exact by the scan");
+    h.release();
+    assert_eq!(
+        h.outcomes(2),
+        vec![("hold".into(), true), ("slow".into(), true)]
+    );
+    assert_eq!(shapes_counted(&h.s), (0, 0));
+}
+
+/// With deadlines in queue order, the timed-out requests are the front of the queue: they
+/// leave from there, and the rest stay queued in order.
+#[test]
+fn timed_out_requests_leave_from_the_front_of_an_ordered_queue() {
+    let h = queued(
+        1,
+        QueuePolicy {
+            default_timeout_microseconds: 5_000_000,
+            allow_timeout_override: true,
+            ..Default::default()
+        },
+    );
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    for id in ["a", "b", "c"] {
+        h.send(id, 1, serde_json::json!({"timeout": 50_000}))
+            .unwrap();
+    }
+    for id in ["d", "e"] {
+        h.send(id, 1, serde_json::json!({})).unwrap();
+    }
+    assert!(!out_of_order(&h.s));
+    assert_eq!(
+        h.outcomes(3),
+        vec![
+            ("a".into(), false),
+            ("b".into(), false),
+            ("c".into(), false)
+        ]
+    );
+    assert_eq!(h.s.pending(), 2);
+    h.release();
+    assert_eq!(h.result().0, "hold");
+    assert_eq!(h.batch_started(), vec!["d"]);
+    assert_eq!(h.batch_started(), vec!["e"]);
+    assert_eq!(h.outcomes(2), vec![("d".into(), true), ("e".into(), true)]);
+    assert_eq!(h.s.stats().failures(FailReason::Rejected), 3);
+    assert_eq!(shapes_counted(&h.s), (0, 0));
+}
+
+/// Whether the default level's queue has a deadline out of queue order.
+fn out_of_order(s: &Scheduler) -> bool {
+    s.shared.state.lock().unwrap().levels[0].out_of_order
+}
+
+/// DELAY needs no timeout thread (a delayed request is only reordered, which matters once an
+/// instance is free), and neither does a policy without timeouts.
+#[test]
+fn only_reject_timeouts_start_a_timeout_thread() {
+    let delay = queued(
+        1,
+        QueuePolicy {
+            timeout_action: wisp_core::config::TimeoutAction::Delay,
+            default_timeout_microseconds: 1000,
+            allow_timeout_override: true,
+            ..Default::default()
+        },
+    );
+    assert!(delay.s.timeouts.lock().unwrap().is_none());
+    let none = queued(1, QueuePolicy::default());
+    assert!(none.s.timeouts.lock().unwrap().is_none());
+    let overridable = queued(
+        1,
+        QueuePolicy {
+            allow_timeout_override: true,
+            ..Default::default()
+        },
+    );
+    assert!(overridable.s.timeouts.lock().unwrap().is_some());
+    overridable.s.stop();
+    assert!(overridable.s.timeouts.lock().unwrap().is_none(), "joined");
+}
+
 /// The queue keeps a lower bound on its earliest deadline, which goes stale when the request
 /// that set it is dispatched in time: a later deadline behind it must still be enforced.
-/// (Deadlines are checked when an instance looks for work, as in `timeouts_reject_or_delay`.)
 #[test]
 fn a_deadline_behind_one_dispatched_in_time_still_expires() {
     let h = queued(
