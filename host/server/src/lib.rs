@@ -1,5 +1,6 @@
-//! `wisp-server`: the `wisp` binary's library — settings, model lifecycle, the protocol-neutral
-//! service layer, and the HTTP and gRPC front ends over it (see `ARCHITECTURE.md`).
+//! `wisp-server`: the `wisp` binary's library — settings, the protocol-neutral service layer,
+//! and the HTTP and gRPC front ends over it; model lifecycle is `wisp-models` (see
+//! `ARCHITECTURE.md`).
 //!
 //! [`Server::start`] loads every model of the repositories (off the async runtime), binds the
 //! HTTP listener and serves until [`Server::shutdown`] (or SIGINT/SIGTERM in `main`), which
@@ -13,20 +14,21 @@ pub mod coalesce;
 pub mod conn;
 pub mod embed;
 pub mod grpc;
-pub mod host_policy;
 pub mod http;
 pub mod logging;
 pub mod metrics;
-pub mod models;
 pub mod plugin_cli;
 #[cfg(feature = "object-store")]
 pub mod remote;
 pub mod restricted;
 pub mod service;
 pub mod settings;
-pub mod signing;
 pub mod systemd;
 pub mod tls;
+
+/// Model lifecycle lives in its own crate, which knows nothing of HTTP, gRPC or Prometheus.
+pub use wisp_models as models;
+pub use wisp_models::{host_policy, signing};
 
 #[cfg(test)]
 mod fuzz;

@@ -73,7 +73,8 @@ impl VerifyFailures {
     }
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
+/// Lower-case hex of `bytes` (how manifests write digests).
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

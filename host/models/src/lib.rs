@@ -1,4 +1,4 @@
-//! Model lifecycle: every model of the repositories is loaded at start-up (in parallel), each
+//! `wisp-models`, model lifecycle: every model of the repositories is loaded at start-up (in parallel), each
 //! version behind its own scheduler. A broken model or version is kept as UNAVAILABLE with its
 //! reason and never stops the others from loading.
 //!
@@ -9,7 +9,9 @@
 //! - [`rollout`]: the SLA watch after a reload, and the swap back on a breach;
 //! - [`fingerprint`]: what poll mode compares;
 //! - [`backends`], [`ensemble`], [`caller`]: the backend the registry loads with, and the way
-//!   plugins and ensemble steps call models back through it.
+//!   plugins and ensemble steps call models back through it;
+//! - [`host_policy`]: where each instance's thread runs (`--host-policy`);
+//! - [`signing`]: signed model versions, checked before load (`--model-verify-key`).
 //!
 //! Nothing here knows about HTTP, gRPC or the Prometheus exporter: per-request observers come in
 //! through [`Observers`].
@@ -19,9 +21,11 @@ pub mod caller;
 pub mod ensemble;
 pub mod entry;
 pub mod fingerprint;
+pub mod host_policy;
 pub mod load;
 mod resize;
 pub mod rollout;
+pub mod signing;
 #[cfg(test)]
 mod tests;
 pub mod warmup;
