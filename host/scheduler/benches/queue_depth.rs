@@ -5,8 +5,14 @@
 //! shapes show the same for batches that must look past other shapes for their own, and the
 //! mean batch size says what the batcher made of such a queue.
 //!
+//! A second table measures the timeout thread: `depth` requests queue behind a held instance,
+//! with REJECT deadlines spread over 100 ms, either in queue order (every request's timeout
+//! is as long, the usual case) or reversed (each request asks for a shorter timeout than the
+//! one before it). It gives the thread's CPU time until all were answered: in order, the
+//! timed-out requests leave from the front of the queue; reversed, each expiry scans the queue.
+//!
 //! `cargo bench -p wisp-scheduler --bench queue_depth -- [--rounds N] [--label TEXT]`, or
-//! `./dev bench queue`. Prints a Markdown table of medians.
+//! `./dev bench queue`. Prints Markdown tables of medians.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -125,6 +131,89 @@ fn drain(c: &Case, depth: usize) -> (f64, usize) {
     (secs, batches.load(Ordering::Relaxed) - 1)
 }
 
+/// CPU time of this process's thread named `name` (as Linux keeps it: at most 15 bytes), in
+/// nanoseconds, from `/proc/self/task/*/schedstat`. A thread names itself as it starts, so a
+/// thread just spawned is waited for (up to a second).
+fn thread_cpu_ns(name: &str) -> u64 {
+    let name = &name[..name.len().min(15)];
+    let until = Instant::now() + Duration::from_secs(1);
+    loop {
+        let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+        for t in tasks.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if comm.trim_end() == name {
+                let stat = std::fs::read_to_string(t.path().join("schedstat")).expect("schedstat");
+                return stat
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("schedstat's first field");
+            }
+        }
+        assert!(Instant::now() < until, "no thread named {name}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Over how long the deadlines of one timeout round pass.
+const SPREAD: Duration = Duration::from_millis(100);
+
+/// The timeout thread's CPU milliseconds to answer `depth` requests whose REJECT deadlines
+/// pass over [`SPREAD`] while the only instance is held: in queue order, or reversed.
+fn expire(depth: usize, ordered: bool) -> f64 {
+    let (started_tx, started) = channel();
+    let (release_tx, release) = channel();
+    let inst = HeldOnce {
+        started: started_tx,
+        release: Some(release),
+        batches: Arc::new(AtomicUsize::new(0)),
+    };
+    let cfg = ModelConfig {
+        max_batch_size: 8,
+        dynamic_batching: Some(DynamicBatching {
+            default_queue_policy: Some(QueuePolicy {
+                allow_timeout_override: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let policy = Policy::from_config(&cfg, None);
+    let s = Scheduler::start("bench", policy, vec![Box::new(inst)], None).expect("start");
+    s.enqueue(request(0, 1), Box::new(|_| {})).expect("queued");
+    started
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the held batch starts");
+    let answered = Arc::new(AtomicUsize::new(0));
+    let (done_tx, done) = channel();
+    let before = thread_cpu_ns("wisp-bench-timeouts");
+    // The first deadline passes well after the last request is queued.
+    let base = Duration::from_millis(200);
+    for i in 0..depth {
+        let k = if ordered { i } else { depth - 1 - i };
+        let mut r = request(i, 1);
+        r.scheduling.timeout_us = (base + SPREAD * k as u32 / depth as u32).as_micros() as u64;
+        let answered = answered.clone();
+        let done_tx = done_tx.clone();
+        s.enqueue(
+            r,
+            Box::new(move |r| {
+                assert!(r.is_err(), "timed out");
+                if answered.fetch_add(1, Ordering::SeqCst) + 1 == depth {
+                    let _ = done_tx.send(());
+                }
+            }),
+        )
+        .expect("queued");
+    }
+    done.recv_timeout(Duration::from_secs(120))
+        .expect("every request times out");
+    let cpu = thread_cpu_ns("wisp-bench-timeouts") - before;
+    release_tx.send(()).expect("release");
+    cpu as f64 / 1e6
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -200,6 +289,23 @@ fn main() {
                 secs * 1e9 / depth as f64,
                 depth as f64 / batches.max(1.0)
             );
+        }
+    }
+    println!(
+        "\n## REJECT deadlines passing over {} ms behind a held instance ({label}): medians of {rounds} round(s)\n",
+        SPREAD.as_millis()
+    );
+    println!("| deadlines | depth | timeout thread CPU ms |");
+    println!("|---|---|---|");
+    for ordered in [true, false] {
+        for depth in [4096usize, 16384] {
+            let cpu = median((0..rounds).map(|_| expire(depth, ordered)).collect());
+            let order = if ordered {
+                "in queue order"
+            } else {
+                "reversed"
+            };
+            println!("| {order} | {depth} | {cpu:.2} |");
         }
     }
 }

@@ -429,11 +429,9 @@ fn timeouts_reject_or_delay() {
     assert_eq!(shapes_counted(&h.s), (0, 0));
 }
 
-/// Under REJECT, a queued request is answered when its timeout passes, not when an instance
-/// next frees up (Triton's batcher does the same while it waits for a free instance); a sooner
-/// deadline that arrives later is answered first.
-#[test]
-fn a_rejected_timeout_is_answered_while_every_instance_is_busy() {
+/// One instance, executing a held request, behind a REJECT queue whose default timeout (5 s)
+/// requests may lower.
+fn held_behind_reject_timeouts() -> Harness {
     let h = queued(
         1,
         QueuePolicy {
@@ -442,9 +440,18 @@ fn a_rejected_timeout_is_answered_while_every_instance_is_busy() {
             ..Default::default()
         },
     );
-    assert!(h.s.timeouts.lock().unwrap().is_some(), "a timeout thread");
     h.send("hold", 1, serde_json::json!({})).unwrap();
     h.batch_started();
+    h
+}
+
+/// Under REJECT, a queued request is answered when its timeout passes, not when an instance
+/// next frees up (Triton's batcher does the same while it waits for a free instance); a sooner
+/// deadline that arrives later is answered first.
+#[test]
+fn a_rejected_timeout_is_answered_while_every_instance_is_busy() {
+    let h = held_behind_reject_timeouts();
+    assert!(h.s.timeouts.lock().unwrap().is_some(), "a timeout thread");
     let sent = Instant::now();
     // The thread waits for the 5 s deadline when the 50 ms one comes in.
     h.send("slow", 1, serde_json::json!({})).unwrap();
@@ -475,16 +482,7 @@ fn a_rejected_timeout_is_answered_while_every_instance_is_busy() {
 /// leave from there, and the rest stay queued in order.
 #[test]
 fn timed_out_requests_leave_from_the_front_of_an_ordered_queue() {
-    let h = queued(
-        1,
-        QueuePolicy {
-            default_timeout_microseconds: 5_000_000,
-            allow_timeout_override: true,
-            ..Default::default()
-        },
-    );
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
+    let h = held_behind_reject_timeouts();
     for id in ["a", "b", "c"] {
         h.send(id, 1, serde_json::json!({"timeout": 50_000}))
             .unwrap();
