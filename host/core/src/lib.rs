@@ -5,10 +5,10 @@
 //! - [`config`]: `config.pbtxt` parse → auto-complete → normalize → validate.
 //! - [`repository`]: Triton-layout repository scanning and version policies.
 //! - [`backend`]: the `Backend` / `LoadedModel` / `Instance` traits backends implement.
-//! - [`env`]: the one injectable source of environment variables.
+//! - [`env`](mod@env): the one injectable source of environment variables.
 //! - [`meminfo`]: `/proc/meminfo` fields.
 //! - [`trace`]: request traces (the trace extension) the scheduler and ensembles mark.
-//! - [`error`]: the closed [`ErrorKind`](error::ErrorKind) front ends map to statuses.
+//! - [`error`]: the closed [`error::ErrorKind`] front ends map to statuses.
 //!
 //! A request flows: front end decodes → [`infer::InferRequest`] → scheduler → an
 //! [`backend::Instance`] executes a batch → [`infer::InferResponse`] → front end encodes.

@@ -7,7 +7,7 @@
 //! - `resize`: growing or shrinking an instance pool in place;
 //! - [`warmup`]: `model_warmup` samples;
 //! - [`rollout`]: the SLA watch after a reload, and the swap back on a breach;
-//! - [`fingerprint`]: what poll mode compares;
+//! - [`fingerprint`](mod@fingerprint): what poll mode compares;
 //! - [`backends`], [`ensemble`], [`caller`]: the backend the registry loads with, and the way
 //!   plugins and ensemble steps call models back through it;
 //! - [`host_policy`]: where each instance's thread runs (`--host-policy`);

@@ -27,7 +27,7 @@ pub struct Record {
     pub digest: String,
     /// The rollback's reason, shown in the repository index.
     pub reason: String,
-    /// When, in seconds since the Unix epoch (the oldest go first past [`MAX_RECORDS`]).
+    /// When, in seconds since the Unix epoch (the oldest go first past `MAX_RECORDS`).
     #[serde(default)]
     pub at: u64,
 }

@@ -84,7 +84,7 @@ impl Engines {
     /// Engines caching precompiled components under `cache_dir` (none: always compile), using
     /// the pooling instance allocator when `pooling` (falling back to on-demand allocation if
     /// the pool cannot be reserved), and writing a perf map when `perfmap` (see
-    /// [`PERFMAP_ENV`]), with `compiler` making the code.
+    /// `PERFMAP_ENV`: `WISP_WASM_PERFMAP`), with `compiler` making the code.
     pub fn new(
         cache_dir: Option<PathBuf>,
         pooling: bool,

@@ -1,5 +1,5 @@
 //! `wisp._wisp`: the extension module under `import wisp`. It holds an
-//! [`Embedded`](wisp_server::embed::Embedded) Wisp and its tokio runtime, and moves tensors as
+//! [`Embedded`] Wisp and its tokio runtime, and moves tensors as
 //! `(name, datatype, shape, bytes)` tuples; the `wisp` package (`python/wisp/__init__.py`)
 //! turns those into numpy arrays. Every call that waits on models releases the GIL.
 
