@@ -13,7 +13,8 @@
 //! the oldest has waited `max_queue_delay_microseconds`.
 //! A request whose queue timeout passes under REJECT is answered at once, even while every
 //! instance is busy (a model with such a policy gets a timeout thread, as Triton's batcher
-//! rejects timed-out requests while it waits for a free instance).
+//! rejects timed-out requests while it waits for a free instance; idle instances leave those
+//! deadlines to it and wake only for DELAY deadlines and batch delays).
 //! The backend executes the whole batch and returns one response per request, which goes back
 //! to that request's callback (in request order with `preserve_ordering`). A panicking backend
 //! fails only the requests it was executing; the instance thread keeps serving.
@@ -161,21 +162,18 @@ impl State {
         }
     }
 
-    /// A lower bound on the earliest deadline of a queued request (see
-    /// [`Level::earliest_deadline`]): waiting until then wakes no later than needed.
-    fn earliest_deadline(&self) -> Option<Instant> {
-        self.levels
-            .iter()
-            .filter_map(|lv| lv.earliest_deadline)
-            .min()
-    }
-
-    /// As [`State::earliest_deadline`], over the levels whose timeouts REJECT.
-    fn earliest_reject(&self, policy: &Policy) -> Option<Instant> {
+    /// A lower bound on the earliest deadline of a request queued at a level whose timeout
+    /// action `of` accepts (see [`Level::earliest_deadline`]): waiting until then wakes no
+    /// later than needed.
+    fn earliest_deadline(
+        &self,
+        policy: &Policy,
+        of: impl Fn(TimeoutAction) -> bool,
+    ) -> Option<Instant> {
         self.levels
             .iter()
             .zip(&policy.levels)
-            .filter(|(_, p)| p.action == TimeoutAction::Reject)
+            .filter(|(_, p)| of(p.action))
             .filter_map(|(lv, _)| lv.earliest_deadline)
             .min()
     }
@@ -195,6 +193,9 @@ struct Shared {
     ready: Condvar,
     /// Wakes the timeout thread: a REJECT deadline earlier than it knew of, or the end.
     timeouts: Condvar,
+    /// A timeout thread answers REJECT deadlines (the policy has them), so idle instances
+    /// need not wake for them.
+    timeout_thread: bool,
     inflight: AtomicUsize,
     stats: Arc<ModelStats>,
     ordered: Mutex<Ordered>,
@@ -305,6 +306,7 @@ impl Scheduler {
             }),
             ready: Condvar::new(),
             timeouts: Condvar::new(),
+            timeout_thread: rejects_on_time,
             inflight: AtomicUsize::new(0),
             stats: Arc::new(ModelStats::default()),
             ordered: Mutex::new(Ordered::default()),
@@ -457,7 +459,8 @@ impl Scheduler {
         state.next_seq += 1;
         state.queued += 1;
         sh.inflight.fetch_add(1, Ordering::SeqCst);
-        let deadline = timeout.map(|t| now + t);
+        // A timeout too long for the clock to hold a deadline for never passes.
+        let deadline = timeout.and_then(|t| now.checked_add(t));
         let job = Job {
             request,
             respond,
@@ -662,6 +665,15 @@ impl Shared {
         }
     }
 
+    /// The earliest deadline an idle instance wakes for. With a timeout thread, REJECT
+    /// deadlines are its job (an instance that woke for one would find it answered), so
+    /// instances wake only for DELAY deadlines, which reorder the queue they serve.
+    fn instance_deadline(&self, state: &State) -> Option<Instant> {
+        state.earliest_deadline(&self.policy, |a| {
+            !(self.timeout_thread && a == TimeoutAction::Reject)
+        })
+    }
+
     /// Decides what free instance number `me` does next.
     fn next(&self, state: &mut State, now: Instant, me: usize) -> Next {
         let p = &self.policy;
@@ -731,7 +743,7 @@ impl Shared {
             if state.stopping {
                 return Next::Exit;
             }
-            return Next::Wait(state.earliest_deadline());
+            return Next::Wait(self.instance_deadline(state));
         }
         let all_that_can_come = self.demand.get().is_some_and(|d| {
             d.get(me)
@@ -763,7 +775,7 @@ impl Shared {
                 Some(n) => picked.truncate(n),
                 None if now >= due => {}
                 None => {
-                    let earliest = state.earliest_deadline();
+                    let earliest = self.instance_deadline(state);
                     return Next::Wait(Some(earliest.map_or(due, |d| d.min(due))));
                 }
             }
@@ -889,7 +901,8 @@ fn run_timeouts(shared: &Shared) {
     let mut last_scan: Option<Instant> = None;
     while !state.timeouts_done {
         let now = Instant::now();
-        let Some(due) = state.earliest_reject(&shared.policy) else {
+        let rejects = |a| a == TimeoutAction::Reject;
+        let Some(due) = state.earliest_deadline(&shared.policy, rejects) else {
             state = shared.timeouts.wait(state).expect("scheduler lock");
             continue;
         };

@@ -509,6 +509,34 @@ fn timed_out_requests_leave_from_the_front_of_an_ordered_queue() {
     assert_eq!(shapes_counted(&h.s), (0, 0));
 }
 
+/// A request may give the longest timeout there is (2^64 - 1 µs) to a level that lets it set
+/// one with no default: it waits for its turn, and the timeout thread still answers a sooner
+/// deadline queued behind it.
+#[test]
+fn the_longest_timeout_is_queued_and_served() {
+    let h = queued(
+        1,
+        QueuePolicy {
+            allow_timeout_override: true,
+            ..Default::default()
+        },
+    );
+    h.send("hold", 1, serde_json::json!({})).unwrap();
+    h.batch_started();
+    h.send("patient", 1, serde_json::json!({"timeout": u64::MAX}))
+        .unwrap();
+    h.send("hasty", 1, serde_json::json!({"timeout": 50_000}))
+        .unwrap();
+    let (id, r) = h.result();
+    assert_eq!(id, "hasty");
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::Unavailable);
+    h.release();
+    assert_eq!(
+        h.outcomes(2),
+        vec![("hold".into(), true), ("patient".into(), true)]
+    );
+}
+
 /// Whether the default level's queue has a deadline out of queue order.
 fn out_of_order(s: &Scheduler) -> bool {
     s.shared.state.lock().unwrap().levels[0].out_of_order
@@ -540,6 +568,45 @@ fn only_reject_timeouts_start_a_timeout_thread() {
     assert!(overridable.s.timeouts.lock().unwrap().is_some());
     overridable.s.stop();
     assert!(overridable.s.timeouts.lock().unwrap().is_none(), "joined");
+}
+
+/// What an instance waiting for a fuller batch (a 1 s queue delay) wakes for, with a request
+/// queued whose 50 ms queue timeout takes `action`, as (the deadline it waits for, measured from
+/// just before the request was sent).
+fn instance_waits_for(action: wisp_core::config::TimeoutAction) -> Duration {
+    let h = harness(
+        policy(
+            8,
+            dynamic(|d| {
+                d.max_queue_delay_microseconds = 1_000_000;
+                d.default_queue_policy = Some(QueuePolicy {
+                    timeout_action: action,
+                    default_timeout_microseconds: 50_000,
+                    ..Default::default()
+                });
+            }),
+        ),
+        1,
+        "hold",
+    );
+    let sent = Instant::now();
+    h.send("a", 1, serde_json::json!({})).unwrap();
+    let mut state = h.s.shared.state.lock().unwrap();
+    match h.s.shared.next(&mut state, Instant::now(), 0) {
+        crate::Next::Wait(Some(t)) => t.saturating_duration_since(sent),
+        _ => panic!("the instance waits for a fuller batch"),
+    }
+}
+
+/// A REJECT deadline is the timeout thread's to answer: an idle instance waits only for what
+/// it serves (here the batch delay). A DELAY deadline it wakes for, to reorder its queue.
+#[test]
+fn idle_instances_leave_reject_deadlines_to_the_timeout_thread() {
+    use wisp_core::config::TimeoutAction;
+    let reject = instance_waits_for(TimeoutAction::Reject);
+    assert!(reject >= Duration::from_millis(900), "{reject:?}");
+    let delay = instance_waits_for(TimeoutAction::Delay);
+    assert!(delay < Duration::from_millis(900), "{delay:?}");
 }
 
 /// The queue keeps a lower bound on its earliest deadline, which goes stale when the request
