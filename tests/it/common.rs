@@ -131,3 +131,15 @@ pub fn spawn_wisp(repo: &Path, extra: &[&str], fd_limit: Option<u32>) -> Spawned
         grpc: loopback(grpc),
     }
 }
+
+/// The config of a model served by the testkit plugin (`INPUT` and `OUTPUT`, INT32, two wide,
+/// batches of up to 4), with `extra` appended.
+pub fn testkit_config(extra: &str) -> String {
+    format!(
+        r#"backend: "wasm"
+max_batch_size: 4
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
+{extra}"#
+    )
+}

@@ -9,17 +9,7 @@ use serde_json::{json, Value};
 use wisp_server::settings::{ControlMode, OnnxEngine, WasmCompilerChoice};
 use wisp_tests::{add_plugin_model, copy_dir, workspace_root, Client};
 
-use crate::common::start_with;
-
-fn testkit_config(extra: &str) -> String {
-    format!(
-        r#"backend: "wasm"
-max_batch_size: 4
-input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
-output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
-{extra}"#
-    )
-}
+use crate::common::{start_with, testkit_config};
 
 use wisp_tests::config_param as param;
 

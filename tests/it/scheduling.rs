@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use wisp_server::settings::OnnxEngine;
 use wisp_tests::{copy_dir, fixture_repo, Client};
 
-use crate::common::start_with;
+use crate::common::{start_with, testkit_config};
 
 fn add_sub_request(seed: f32) -> Value {
     let a: Vec<f32> = (0..16).map(|i| i as f32 + seed).collect();
@@ -394,16 +394,12 @@ async fn host_policies_pin_instances_and_unknown_ones_are_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_timeout_is_answered_while_the_instance_is_busy() {
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        r#"backend: "wasm"
-max_batch_size: 4
-input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
-output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+    let config = testkit_config(&format!(
+        r#"instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 dynamic_batching {{ default_queue_policy {{ default_timeout_microseconds: 200000 }} }}
 {}"#,
         wisp_tests::config_param("wasm.timeout_ms", "2000")
-    );
+    ));
     wisp_tests::add_plugin_model(dir.path(), "busy", 1, "testkit", &config);
     let server = start_with(dir.path(), OnnxEngine::Tract, |_| {}).await;
     let addr = server.http_addr();
@@ -445,5 +441,48 @@ dynamic_batching {{ default_queue_policy {{ default_timeout_microseconds: 200000
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let s = stats_of(&mut c, "busy").await;
     assert_eq!(s["inference_stats"]["fail"]["count"], 2, "{s}");
+    server.shutdown().await.unwrap();
+}
+
+/// The largest `timeout` a request can give, to a model whose REJECT queue lets requests set
+/// it with no default (so a timeout thread runs, and the deadline is 2^64 µs away): the
+/// request is served. One past it, or a negative one, is a 400 naming the parameter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extreme_queue_timeout_is_served_or_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = testkit_config(
+        "dynamic_batching { default_queue_policy { allow_timeout_override: true } }",
+    );
+    wisp_tests::add_plugin_model(dir.path(), "lenient", 1, "testkit", &config);
+    let server = start_with(dir.path(), OnnxEngine::Tract, |_| {}).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    for (timeout, status) in [
+        ("18446744073709551615", 200),
+        ("18446744073709551616", 400),
+        ("-1", 400),
+    ] {
+        // Written out as text: a JSON value would not keep the number past u64 exactly.
+        let body = format!(
+            r#"{{"inputs": [{{"name": "INPUT", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}}],
+                "parameters": {{"timeout": {timeout}}}}}"#
+        );
+        let json = [("content-type", "application/json".to_string())];
+        let r = c
+            .send("POST", "/v2/models/lenient/infer", &json, body)
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            status,
+            "timeout {timeout}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        if status == 400 {
+            let msg = r.json()["error"].as_str().unwrap().to_string();
+            assert!(msg.contains("'timeout'"), "{msg}");
+        } else {
+            assert_eq!(r.json()["outputs"][0]["data"], json!([1, 2]));
+        }
+    }
     server.shutdown().await.unwrap();
 }
