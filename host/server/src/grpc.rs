@@ -280,11 +280,8 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
             .iter()
             .map(|(k, v)| (k.clone(), param_to_json(v)))
             .collect(),
-        // read from the parameters by the service
-        scheduling: Default::default(),
-        sequence: None,
-        trace: None,
-        call_path: Vec::new(),
+        // Scheduling and sequence flags are read from the parameters by the service.
+        ..Default::default()
     };
     Ok(Decoded {
         request,
@@ -767,13 +764,11 @@ impl GrpcInferenceService for GrpcService {
                 .map_err(|_| status(Error::invalid(format!("{what} {n} is too large"))))
         };
         let (offset, byte_size) = (size(r.offset, "offset")?, size(r.byte_size, "byte_size")?);
-        let service = self.service.clone();
-        tokio::task::spawn_blocking(move || {
-            service.shm.register(&r.name, &r.key, offset, byte_size)
-        })
-        .await
-        .map_err(|_| Status::internal("shared memory registration panicked"))?
-        .map_err(status)?;
+        self.service
+            .clone()
+            .register_shm(r.name, r.key, offset, byte_size)
+            .await
+            .map_err(status)?;
         Ok(Response::new(pb::SystemSharedMemoryRegisterResponse {}))
     }
 

@@ -123,11 +123,8 @@ pub fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result
             .map(|o: &OutputSpec| o.name.clone())
             .collect(),
         parameters,
-        // read from the parameters by the service
-        scheduling: Default::default(),
-        sequence: None,
-        trace: None,
-        call_path: Vec::new(),
+        // Scheduling and sequence flags are read from the parameters by the service.
+        ..Default::default()
     };
     Ok(Decoded {
         request,

@@ -502,12 +502,11 @@ async fn system_shared_memory(
                 }
             };
             let (offset, byte_size) = (number("offset", false)?, number("byte_size", true)?);
-            let (service, name, key) = (app.service.clone(), name.to_string(), key.to_string());
-            tokio::task::spawn_blocking(move || {
-                service.shm.register(&name, &key, offset, byte_size)
-            })
-            .await
-            .map_err(|_| Error::internal("shared memory registration panicked"))??;
+            let (name, key) = (name.to_string(), key.to_string());
+            app.service
+                .clone()
+                .register_shm(name, key, offset, byte_size)
+                .await?;
             Ok(StatusCode::OK.into_response())
         }
         ("unregister", &Method::POST, _) => {

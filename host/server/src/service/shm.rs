@@ -56,6 +56,22 @@ pub struct SharedMemory {
     regions: Mutex<BTreeMap<String, Arc<Region>>>,
 }
 
+impl super::Service {
+    /// Registers a shared memory region ([`SharedMemory::register`]) off the async workers:
+    /// mapping it is a blocking system call.
+    pub async fn register_shm(
+        self: Arc<Self>,
+        name: String,
+        key: String,
+        offset: usize,
+        byte_size: usize,
+    ) -> Result<()> {
+        tokio::task::spawn_blocking(move || self.shm.register(&name, &key, offset, byte_size))
+            .await
+            .map_err(|_| Error::internal("shared memory registration panicked"))?
+    }
+}
+
 impl SharedMemory {
     /// Maps `byte_size` bytes at `offset` of the shm object `key` and registers them as `name`.
     pub fn register(&self, name: &str, key: &str, offset: usize, byte_size: usize) -> Result<()> {
