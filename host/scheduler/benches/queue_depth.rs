@@ -10,6 +10,8 @@
 //! is as long, the usual case) or reversed (each request asks for a shorter timeout than the
 //! one before it). It gives the thread's CPU time until all were answered: in order, the
 //! timed-out requests leave from the front of the queue; reversed, each expiry scans the queue.
+//! Separate rounds time another client's `enqueue` calls while the deadlines pass: a scan holds
+//! the scheduler lock, which they wait for.
 //!
 //! `cargo bench -p wisp-scheduler --bench queue_depth -- [--rounds N] [--label TEXT]`, or
 //! `./dev bench queue`. Prints Markdown tables of medians.
@@ -158,9 +160,25 @@ fn thread_cpu_ns(name: &str) -> u64 {
 /// Over how long the deadlines of one timeout round pass.
 const SPREAD: Duration = Duration::from_millis(100);
 
+/// How often the prober enqueues while deadlines pass.
+const PROBE_EVERY: Duration = Duration::from_micros(200);
+
+/// What one timeout round measured.
+struct Expiry {
+    /// The timeout thread's CPU milliseconds.
+    cpu_ms: f64,
+    /// How long each of the prober's `enqueue` calls took while the deadlines passed, in µs
+    /// (empty without a prober).
+    enqueue_us: Vec<f64>,
+}
+
 /// The timeout thread's CPU milliseconds to answer `depth` requests whose REJECT deadlines
-/// pass over [`SPREAD`] while the only instance is held: in queue order, or reversed.
-fn expire(depth: usize, ordered: bool) -> f64 {
+/// pass over [`SPREAD`] while the only instance is held: in queue order, or reversed. With
+/// `probe`, another thread enqueues a request every [`PROBE_EVERY`] while they pass, and times
+/// each call: what the scans cost other clients, who wait for the lock while one runs (its
+/// requests queue behind the rest, with a later deadline than all of them, so they change no
+/// order and never time out).
+fn expire(depth: usize, ordered: bool, probe: bool) -> Expiry {
     let (started_tx, started) = channel();
     let (release_tx, release) = channel();
     let inst = HeldOnce {
@@ -190,6 +208,7 @@ fn expire(depth: usize, ordered: bool) -> f64 {
     let before = thread_cpu_ns("wisp-bench-timeouts");
     // The first deadline passes well after the last request is queued.
     let base = Duration::from_millis(200);
+    let first_deadline = Instant::now() + base;
     for i in 0..depth {
         let k = if ordered { i } else { depth - 1 - i };
         let mut r = request(i, 1);
@@ -207,11 +226,46 @@ fn expire(depth: usize, ordered: bool) -> f64 {
         )
         .expect("queued");
     }
-    done.recv_timeout(Duration::from_secs(120))
-        .expect("every request times out");
+    let finished = std::sync::atomic::AtomicBool::new(false);
+    let enqueue_us = std::thread::scope(|scope| {
+        let prober = probe.then(|| {
+            scope.spawn(|| {
+                let mut took = Vec::new();
+                std::thread::sleep(first_deadline.saturating_duration_since(Instant::now()));
+                // Bounded: the deadlines pass over SPREAD, and the wait below is 120 s at most.
+                while !finished.load(Ordering::SeqCst) && took.len() < 1_000_000 {
+                    let mut r = request(0, 1);
+                    r.scheduling.timeout_us = 600_000_000;
+                    let t = Instant::now();
+                    s.enqueue(r, Box::new(|_| {})).expect("queued");
+                    took.push(t.elapsed().as_secs_f64() * 1e6);
+                    std::thread::sleep(PROBE_EVERY);
+                }
+                took
+            })
+        });
+        let all = done.recv_timeout(Duration::from_secs(120));
+        finished.store(true, Ordering::SeqCst);
+        all.expect("every request times out");
+        prober
+            .map(|p| p.join().expect("prober"))
+            .unwrap_or_default()
+    });
     let cpu = thread_cpu_ns("wisp-bench-timeouts") - before;
     release_tx.send(()).expect("release");
-    cpu as f64 / 1e6
+    Expiry {
+        cpu_ms: cpu as f64 / 1e6,
+        enqueue_us,
+    }
+}
+
+/// The `p`-th percentile of `v` (0 when empty).
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -295,17 +349,41 @@ fn main() {
         "\n## REJECT deadlines passing over {} ms behind a held instance ({label}): medians of {rounds} round(s)\n",
         SPREAD.as_millis()
     );
-    println!("| deadlines | depth | timeout thread CPU ms |");
-    println!("|---|---|---|");
+    println!(
+        "The enqueue columns come from separate rounds with a prober enqueuing every {} µs while the deadlines pass: medians over rounds of each round's p50, p99 and maximum.\n",
+        PROBE_EVERY.as_micros()
+    );
+    println!(
+        "| deadlines | depth | timeout thread CPU ms | enqueue p50 µs | enqueue p99 µs | enqueue max µs |"
+    );
+    println!("|---|---|---|---|---|---|");
     for ordered in [true, false] {
         for depth in [4096usize, 16384] {
-            let cpu = median((0..rounds).map(|_| expire(depth, ordered)).collect());
+            let cpu = median(
+                (0..rounds)
+                    .map(|_| expire(depth, ordered, false).cpu_ms)
+                    .collect(),
+            );
+            let mut p50 = Vec::new();
+            let mut p99 = Vec::new();
+            let mut max = Vec::new();
+            for _ in 0..rounds {
+                let mut e = expire(depth, ordered, true).enqueue_us;
+                p50.push(percentile(&mut e, 0.5));
+                p99.push(percentile(&mut e, 0.99));
+                max.push(percentile(&mut e, 1.0));
+            }
             let order = if ordered {
                 "in queue order"
             } else {
                 "reversed"
             };
-            println!("| {order} | {depth} | {cpu:.2} |");
+            println!(
+                "| {order} | {depth} | {cpu:.2} | {:.1} | {:.1} | {:.1} |",
+                median(p50),
+                median(p99),
+                median(max)
+            );
         }
     }
 }

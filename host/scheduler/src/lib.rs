@@ -637,22 +637,44 @@ impl Shared {
                 lv.earliest_deadline = lv.queue.front().and_then(|j| j.deadline);
                 continue;
             }
-            let mut keep: VecDeque<Job> = VecDeque::with_capacity(lv.queue.len());
+            // Out of order: the requests before the first timed-out one stay where they are
+            // (read, not moved); the rest are taken off and the in-time ones put back. When
+            // the sooner deadlines are the later requests (each asks for less time than the
+            // one before it), that is a read of the queue and a short tail.
+            let passed = |j: &Job| j.deadline.is_some_and(|d| d <= now);
             let mut out_of_order = false;
-            for j in lv.queue.drain(..) {
-                match j.deadline {
-                    Some(d) if d <= now => timed_out(j),
-                    _ => {
-                        if let Some(last) = keep.back() {
-                            out_of_order |= passes_after(last.deadline, j.deadline);
-                        }
-                        keep.push_back(j);
+            let mut last: Option<Option<Instant>> = None;
+            let mut earliest: Option<Instant> = None;
+            let mut note = |j: &Job| {
+                if let Some(l) = last {
+                    out_of_order |= passes_after(l, j.deadline);
+                }
+                last = Some(j.deadline);
+                if let Some(d) = j.deadline {
+                    earliest = Some(earliest.map_or(d, |e| e.min(d)));
+                }
+            };
+            let mut first = None;
+            for (i, j) in lv.queue.iter().enumerate() {
+                if passed(j) {
+                    first = Some(i);
+                    break;
+                }
+                note(j);
+            }
+            // None: the bound was stale, nothing passed, and the bound is now exact.
+            if let Some(first) = first {
+                for j in lv.queue.split_off(first) {
+                    if passed(&j) {
+                        timed_out(j);
+                    } else {
+                        note(&j);
+                        lv.queue.push_back(j);
                     }
                 }
             }
-            lv.earliest_deadline = keep.iter().filter_map(|j| j.deadline).min();
+            lv.earliest_deadline = earliest;
             lv.out_of_order = out_of_order;
-            lv.queue = keep;
         }
         state.left_queue(rejected);
     }

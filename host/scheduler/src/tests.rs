@@ -537,6 +537,55 @@ fn the_longest_timeout_is_queued_and_served() {
     );
 }
 
+/// Deadlines out of queue order, passing in the middle of the queue: the timed-out requests
+/// leave (REJECT) or go behind the rest in their own order (DELAY), and the rest keep theirs.
+#[test]
+fn timed_out_requests_leave_the_middle_of_the_queue_and_the_rest_keep_their_order() {
+    use wisp_core::config::TimeoutAction;
+    for action in [TimeoutAction::Reject, TimeoutAction::Delay] {
+        let h = queued(
+            1,
+            QueuePolicy {
+                timeout_action: action,
+                default_timeout_microseconds: 5_000_000,
+                allow_timeout_override: true,
+                ..Default::default()
+            },
+        );
+        h.send("hold", 1, serde_json::json!({})).unwrap();
+        h.batch_started();
+        for (id, timeout) in [("a", 0), ("b", 30_000), ("c", 0), ("d", 20_000), ("e", 0)] {
+            h.send(id, 1, serde_json::json!({ "timeout": timeout }))
+                .unwrap();
+        }
+        assert!(out_of_order(&h.s));
+        std::thread::sleep(Duration::from_millis(100));
+        if action == TimeoutAction::Reject {
+            // Answered by the timeout thread while the instance is held.
+            assert_eq!(
+                h.outcomes(2),
+                vec![("b".into(), false), ("d".into(), false)]
+            );
+            assert!(
+                !out_of_order(&h.s),
+                "what is left takes the default timeout"
+            );
+        }
+        h.release();
+        let mut served = Vec::new();
+        let expected: &[&str] = match action {
+            TimeoutAction::Reject => &["a", "c", "e"],
+            TimeoutAction::Delay => &["a", "c", "e", "b", "d"],
+        };
+        for _ in expected {
+            served.extend(h.batch_started());
+        }
+        assert_eq!(served, expected, "{action:?}");
+        assert_eq!(h.outcomes(expected.len() + 1).len(), expected.len() + 1);
+        assert_eq!(shapes_counted(&h.s), (0, 0));
+    }
+}
+
 /// Whether the default level's queue has a deadline out of queue order.
 fn out_of_order(s: &Scheduler) -> bool {
     s.shared.state.lock().unwrap().levels[0].out_of_order
