@@ -619,6 +619,7 @@ impl Shared {
             if reject_only && action != TimeoutAction::Reject {
                 continue;
             }
+            let passed = |j: &Job| j.deadline.is_some_and(|d| d <= now);
             let mut timed_out = |j: Job| match action {
                 TimeoutAction::Reject => rejected.push(j),
                 TimeoutAction::Delay => lv.delayed.push_back(Job {
@@ -627,11 +628,7 @@ impl Shared {
                 }),
             };
             if !lv.out_of_order {
-                while lv
-                    .queue
-                    .front()
-                    .is_some_and(|j| j.deadline.is_some_and(|d| d <= now))
-                {
+                while lv.queue.front().is_some_and(passed) {
                     timed_out(lv.queue.pop_front().expect("the front is there"));
                 }
                 lv.earliest_deadline = lv.queue.front().and_then(|j| j.deadline);
@@ -641,7 +638,6 @@ impl Shared {
             // (read, not moved); the rest are taken off and the in-time ones put back. When
             // the sooner deadlines are the later requests (each asks for less time than the
             // one before it), that is a read of the queue and a short tail.
-            let passed = |j: &Job| j.deadline.is_some_and(|d| d <= now);
             let mut out_of_order = false;
             let mut last: Option<Option<Instant>> = None;
             let mut earliest: Option<Instant> = None;

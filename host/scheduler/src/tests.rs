@@ -386,15 +386,10 @@ fn a_full_queue_rejects_at_once_without_disturbing_others() {
 #[test]
 fn timeouts_reject_or_delay() {
     // REJECT (default action): the queued request times out while the instance is busy.
-    let h = queued(
-        1,
-        QueuePolicy {
-            default_timeout_microseconds: 50_000,
-            ..Default::default()
-        },
-    );
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
+    let h = held_behind(QueuePolicy {
+        default_timeout_microseconds: 50_000,
+        ..Default::default()
+    });
     h.send("late", 1, serde_json::json!({})).unwrap();
     std::thread::sleep(Duration::from_millis(150));
     h.release();
@@ -404,16 +399,11 @@ fn timeouts_reject_or_delay() {
     assert_eq!(shapes_counted(&h.s), (0, 0));
 
     // DELAY: a timed-out request is served after the in-time ones of its level.
-    let h = queued(
-        1,
-        QueuePolicy {
-            timeout_action: wisp_core::config::TimeoutAction::Delay,
-            allow_timeout_override: true,
-            ..Default::default()
-        },
-    );
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
+    let h = held_behind(QueuePolicy {
+        timeout_action: wisp_core::config::TimeoutAction::Delay,
+        allow_timeout_override: true,
+        ..Default::default()
+    });
     h.send("late", 1, serde_json::json!({"timeout": 20_000}))
         .unwrap();
     h.send("b", 1, serde_json::json!({})).unwrap();
@@ -429,20 +419,23 @@ fn timeouts_reject_or_delay() {
     assert_eq!(shapes_counted(&h.s), (0, 0));
 }
 
-/// One instance, executing a held request, behind a REJECT queue whose default timeout (5 s)
-/// requests may lower.
-fn held_behind_reject_timeouts() -> Harness {
-    let h = queued(
-        1,
-        QueuePolicy {
-            default_timeout_microseconds: 5_000_000,
-            allow_timeout_override: true,
-            ..Default::default()
-        },
-    );
+/// One instance, executing a held request ("hold"), behind a queue with `queue` as its
+/// default policy and batches of one.
+fn held_behind(queue: QueuePolicy) -> Harness {
+    let h = queued(1, queue);
     h.send("hold", 1, serde_json::json!({})).unwrap();
     h.batch_started();
     h
+}
+
+/// One instance, executing a held request, behind a REJECT queue whose default timeout (5 s)
+/// requests may lower.
+fn held_behind_reject_timeouts() -> Harness {
+    held_behind(QueuePolicy {
+        default_timeout_microseconds: 5_000_000,
+        allow_timeout_override: true,
+        ..Default::default()
+    })
 }
 
 /// Under REJECT, a queued request is answered when its timeout passes, not when an instance
@@ -514,15 +507,10 @@ fn timed_out_requests_leave_from_the_front_of_an_ordered_queue() {
 /// deadline queued behind it.
 #[test]
 fn the_longest_timeout_is_queued_and_served() {
-    let h = queued(
-        1,
-        QueuePolicy {
-            allow_timeout_override: true,
-            ..Default::default()
-        },
-    );
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
+    let h = held_behind(QueuePolicy {
+        allow_timeout_override: true,
+        ..Default::default()
+    });
     h.send("patient", 1, serde_json::json!({"timeout": u64::MAX}))
         .unwrap();
     h.send("hasty", 1, serde_json::json!({"timeout": 50_000}))
@@ -543,17 +531,12 @@ fn the_longest_timeout_is_queued_and_served() {
 fn timed_out_requests_leave_the_middle_of_the_queue_and_the_rest_keep_their_order() {
     use wisp_core::config::TimeoutAction;
     for action in [TimeoutAction::Reject, TimeoutAction::Delay] {
-        let h = queued(
-            1,
-            QueuePolicy {
-                timeout_action: action,
-                default_timeout_microseconds: 5_000_000,
-                allow_timeout_override: true,
-                ..Default::default()
-            },
-        );
-        h.send("hold", 1, serde_json::json!({})).unwrap();
-        h.batch_started();
+        let h = held_behind(QueuePolicy {
+            timeout_action: action,
+            default_timeout_microseconds: 5_000_000,
+            allow_timeout_override: true,
+            ..Default::default()
+        });
         for (id, timeout) in [("a", 0), ("b", 30_000), ("c", 0), ("d", 20_000), ("e", 0)] {
             h.send(id, 1, serde_json::json!({ "timeout": timeout }))
                 .unwrap();
