@@ -645,24 +645,19 @@ fn idle_instances_leave_reject_deadlines_to_the_timeout_thread() {
 /// that set it is dispatched in time: a later deadline behind it must still be enforced.
 #[test]
 fn a_deadline_behind_one_dispatched_in_time_still_expires() {
-    let h = queued(
-        1,
-        QueuePolicy {
-            allow_timeout_override: true,
-            ..Default::default()
-        },
-    );
-    h.send("hold-1", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
-    // "hold-2" sets the earliest deadline and is dispatched before it; "late" waits behind it,
-    // past its own deadline, and the request after it is in time.
+    let h = held_behind(QueuePolicy {
+        allow_timeout_override: true,
+        ..Default::default()
+    });
+    // "hold-2" sets the earliest deadline and is dispatched before it (and held, by its name);
+    // "late" waits behind it, past its own deadline, and the request after it is in time.
     h.send("hold-2", 1, serde_json::json!({"timeout": 300_000}))
         .unwrap();
     h.send("late", 1, serde_json::json!({"timeout": 400_000}))
         .unwrap();
     h.send("on-time", 1, serde_json::json!({})).unwrap();
     h.release();
-    assert_eq!(h.result().0, "hold-1");
+    assert_eq!(h.result().0, "hold");
     assert_eq!(h.batch_started(), vec!["hold-2"]);
     std::thread::sleep(Duration::from_millis(600));
     h.release();
