@@ -137,6 +137,12 @@ impl Harness {
         self.s
             .enqueue(r, Box::new(move |res| tx.send((id, res)).unwrap()))
     }
+    /// Sends "hold" with `rows` rows and waits until the instance is executing it, alone;
+    /// requests sent next queue behind it until [`Harness::release`].
+    fn hold(&self, rows: usize) {
+        self.send("hold", rows, serde_json::json!({})).unwrap();
+        assert_eq!(self.batch_started(), vec!["hold"]);
+    }
     fn batch_started(&self) -> Vec<String> {
         self.started.recv_timeout(WAIT).expect("a batch starts")
     }
@@ -188,8 +194,7 @@ fn dynamic(f: impl FnOnce(&mut DynamicBatching)) -> Option<DynamicBatching> {
 #[test]
 fn batches_fill_up_to_max_batch_size_and_answer_the_right_request() {
     let h = harness(policy(4, dynamic(|_| {})), 1, "hold");
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    assert_eq!(h.batch_started(), vec!["hold"]);
+    h.hold(1);
     // queued while the instance is busy: rows 1, 2, 1, 3 → batches [a,b,c] (4 rows) then [d]
     for (id, rows) in [("a", 1), ("b", 2), ("c", 1), ("d", 3)] {
         h.send(id, rows, serde_json::json!({})).unwrap();
@@ -236,8 +241,7 @@ fn a_preferred_size_goes_at_once_and_a_lone_request_after_the_delay() {
         1,
         "hold",
     );
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
+    h.hold(1);
     for id in ["a", "b", "c"] {
         h.send(id, 1, serde_json::json!({})).unwrap();
     }
@@ -260,8 +264,7 @@ fn a_preferred_size_goes_at_once_and_a_lone_request_after_the_delay() {
 #[test]
 fn a_batch_gathers_its_shape_past_others_but_only_so_far() {
     let h = harness(policy(8, dynamic(|_| {})), 1, "hold");
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
+    h.hold(1);
     // a0 is oldest; 3 requests of another shape separate a1 from it, and SHAPE_LOOKAHEAD + 1
     // separate a2
     h.send_wide("a0", 2).unwrap();
@@ -300,8 +303,7 @@ fn a_batch_holding_all_of_its_shape_goes_at_once_and_the_rest_batch_by_shape() {
         "hold",
     );
     // a full batch: it goes without waiting for the queue delay
-    h.send("hold", 8, serde_json::json!({})).unwrap();
-    h.batch_started();
+    h.hold(8);
     for (id, width) in [
         ("a0", 2),
         ("b0", 1),
@@ -341,8 +343,7 @@ fn priorities_order_service() {
         1,
         "hold",
     );
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
+    h.hold(1);
     h.send("low1", 1, serde_json::json!({})).unwrap();
     h.send("low2", 1, serde_json::json!({"priority": 2}))
         .unwrap();
@@ -363,8 +364,7 @@ fn a_full_queue_rejects_at_once_without_disturbing_others() {
             ..Default::default()
         },
     );
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
+    h.hold(1);
     h.send("a", 1, serde_json::json!({})).unwrap();
     h.send("b", 1, serde_json::json!({})).unwrap();
     let e = h.send("c", 1, serde_json::json!({})).unwrap_err();
@@ -423,8 +423,7 @@ fn timeouts_reject_or_delay() {
 /// default policy and batches of one.
 fn held_behind(queue: QueuePolicy) -> Harness {
     let h = queued(1, queue);
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
+    h.hold(1);
     h
 }
 
@@ -752,8 +751,7 @@ fn instances_are_added_and_retired_in_place() {
         .collect();
     drop(started);
     // the original instance is held busy; the instances added afterwards serve the queue
-    h.send("hold", 1, serde_json::json!({})).unwrap();
-    h.batch_started();
+    h.hold(1);
     h.s.add_instances(extra).unwrap();
     assert_eq!(h.s.instance_count(), 3);
     for id in ["a", "b"] {
