@@ -470,3 +470,192 @@ async fn changing_only_the_instance_count_resizes_in_place() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// An ensemble over `add_sub`'s inputs and outputs whose one step is `step`, as the JSON a load
+/// request's `config` parameter carries.
+fn ensemble_json(name: &str, step: &str) -> String {
+    let tensor = |n: &str| json!({"name": n, "data_type": "TYPE_FP32", "dims": [16]});
+    let map = |a: &str, b: &str| json!({a: a, b: b});
+    json!({
+        "name": name,
+        "platform": "ensemble",
+        "max_batch_size": 8,
+        "input": [tensor("INPUT0"), tensor("INPUT1")],
+        "output": [tensor("OUTPUT0"), tensor("OUTPUT1")],
+        "ensemble_scheduling": {"step": [{
+            "model_name": step,
+            "model_version": -1,
+            "input_map": map("INPUT0", "INPUT1"),
+            "output_map": map("OUTPUT0", "OUTPUT1"),
+        }]},
+    })
+    .to_string()
+}
+
+/// Ensembles that would call themselves, directly or through another, are refused at load
+/// with a 400 naming the path, through config overrides and through a later reload of a step;
+/// the versions already serving keep serving, and the control plane and health stay live.
+/// (Such a load used to be accepted: inferring hung, and a reload then wedged the server.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensemble_cycles_are_refused_at_load_and_nothing_wedges() {
+    let dir = fixture_copy();
+    for name in ["a", "b"] {
+        std::fs::create_dir_all(dir.path().join(name).join("1")).unwrap();
+        let text = r#"platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+         { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+  output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" } } ] }
+"#;
+        std::fs::write(dir.path().join(name).join("config.pbtxt"), text).unwrap();
+    }
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+        s.load_model = vec!["add_sub".into(), "a".into()];
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let load = |model: &str, step: &str| {
+        let body = json!({"parameters": {"config": ensemble_json(model, step)}});
+        (format!("/v2/repository/models/{model}/load"), body)
+    };
+    let served = |r: &wisp_tests::Reply| {
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.json()["outputs"][0]["data"][0], 3.0);
+    };
+    served(
+        &c.post_json("/v2/models/a/infer", &add_sub_request())
+            .await
+            .unwrap(),
+    );
+
+    // A reload of `a` whose step is `a` itself.
+    let (path, body) = load("a", "a");
+    let r = c.post_json(&path, &body).await.unwrap();
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    let msg = r.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("circular dependency between ensembles: a -> a"),
+        "{msg}"
+    );
+
+    // `b` over `a`, then a reload of `a` over `b`: a -> b -> a.
+    let (path, body) = load("b", "a");
+    let r = c.post_json(&path, &body).await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    served(
+        &c.post_json("/v2/models/b/infer", &add_sub_request())
+            .await
+            .unwrap(),
+    );
+    let (path, body) = load("a", "b");
+    let r = c.post_json(&path, &body).await.unwrap();
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    let msg = r.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("circular dependency between ensembles: a -> b -> a"),
+        "{msg}"
+    );
+    // The same cycle closed from the other side: `add_sub` reloaded as an ensemble over `b`.
+    let (path, body) = load("add_sub", "b");
+    let r = c.post_json(&path, &body).await.unwrap();
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    let msg = r.json()["error"].as_str().unwrap().to_string();
+    assert!(msg.contains("add_sub -> b -> a -> add_sub"), "{msg}");
+
+    // Everything that served still serves; the control plane and health answer at once.
+    for model in ["a", "b"] {
+        served(
+            &c.post_json(&format!("/v2/models/{model}/infer"), &add_sub_request())
+                .await
+                .unwrap(),
+        );
+    }
+    let idx = index(&mut c).await;
+    assert_eq!(row(&idx, "a")["state"], "READY");
+    assert!(
+        row(&idx, "a")["reason"]
+            .as_str()
+            .unwrap()
+            .contains("circular dependency"),
+        "{idx:?}"
+    );
+    let start = Instant::now();
+    let r = c
+        .post_json(
+            "/v2/repository/models/b/unload",
+            &json!({"parameters": {"unload_dependents": false}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let r = c
+        .send("POST", "/v2/repository/models/b/load", &[], "")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(c.get("/v2/health/live").await.unwrap().status, 200);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    server.shutdown().await.unwrap();
+}
+
+/// SIGTERM with a request that will not finish for a minute (a plugin spinning until its
+/// deadline): the process exits within `--exit-timeout-secs`, not when the request ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_within_the_exit_timeout_whatever_is_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        crate::common::testkit_config(&wisp_tests::config_param("wasm.timeout_ms", "60000"));
+    wisp_tests::add_plugin_model(dir.path(), "busy", 1, "testkit", &config);
+    let mut wisp = spawn_wisp(dir.path(), &["--exit-timeout-secs", "2"], None);
+    let mut c = connect_when_up(wisp.http).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.get("/v2/models/busy/ready").await.unwrap().status != 200 {
+        assert!(Instant::now() < deadline, "busy did not load");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let http = wisp.http;
+    let spinning = tokio::spawn(async move {
+        let mut c = Client::connect(http).await.unwrap();
+        let body = json!({
+            "inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}],
+            "parameters": {"mode": "loop"},
+        });
+        let _ = c.post_json("/v2/models/busy/infer", &body).await;
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let start = Instant::now();
+    let pid = wisp.pid().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let exited = loop {
+        if let Some(status) = wisp.child.0.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // (Killed when `wisp` drops, if it did not exit.)
+    let status =
+        exited.unwrap_or_else(|| panic!("still running {:?} after SIGTERM", start.elapsed()));
+    assert!(status.success(), "{status}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "exited after {:?} with --exit-timeout-secs 2",
+        start.elapsed()
+    );
+    spinning.abort();
+}

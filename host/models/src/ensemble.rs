@@ -273,6 +273,18 @@ impl LoadedModel for EnsembleModel {
     }
 }
 
+/// Why calling `model` from `path` (the ensembles and plugins a request passed through) would
+/// wait on itself, naming the cycle (`a -> b -> a`); `None` when `model` is not on the path.
+fn call_cycle(path: &[Arc<str>], model: &str) -> Option<String> {
+    let start = path.iter().position(|m| &**m == model)?;
+    let mut cycle: Vec<&str> = path[start..].iter().map(|m| &**m).collect();
+    cycle.push(model);
+    Some(format!(
+        "circular dependency between ensembles: {}",
+        cycle.join(" -> ")
+    ))
+}
+
 struct EnsembleInstance {
     /// The ensemble's name, on the call path of its steps' requests.
     name: Arc<str>,
@@ -315,6 +327,12 @@ impl Instance for EnsembleInstance {
                     // a plugin step may not call back into this ensemble
                     call.request.call_path = batch[i].call_path.clone();
                     call.request.call_path.push(self.name.clone());
+                    // Nor may a step: it would wait on an instance that waits on it. Loading
+                    // refuses such cycles; this holds if one slipped past (a concurrent load).
+                    if let Some(cycle) = call_cycle(&call.request.call_path, &step.model) {
+                        immediate.push_back((i, n, Err(Error::invalid(cycle))));
+                        continue;
+                    }
                     if let Err(e) = self.caller.submit(
                         &step.model,
                         version.as_deref(),
@@ -374,5 +392,20 @@ impl Instance for EnsembleInstance {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_on_its_call_path_names_the_cycle() {
+        let path: Vec<Arc<str>> = vec!["outer".into(), "a".into(), "b".into()];
+        assert_eq!(
+            call_cycle(&path, "a").unwrap(),
+            "circular dependency between ensembles: a -> b -> a"
+        );
+        assert_eq!(call_cycle(&path, "add_sub"), None);
     }
 }

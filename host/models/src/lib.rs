@@ -18,6 +18,7 @@
 
 pub mod backends;
 pub mod caller;
+mod cycle;
 pub mod ensemble;
 pub mod entry;
 pub mod fingerprint;
@@ -241,21 +242,9 @@ impl Registry {
     }
 
     fn steps_to_load(&self, dir: &ModelDir, config_json: Option<&str>) -> Vec<String> {
-        let cfg = match config_json {
-            Some(json) => wisp_core::config::config_from_json(json).ok(),
-            None => load::read_config(dir).ok(),
-        };
-        let Some(steps) = cfg
-            .filter(|c| c.is_ensemble())
-            .and_then(|c| wisp_core::config::ensemble::steps(&c).ok())
-        else {
-            return Vec::new();
-        };
-        let mut seen = std::collections::HashSet::new();
-        steps
+        self.config_steps(dir, config_json)
             .into_iter()
-            .map(|s| s.model)
-            .filter(|m| *m != dir.name && !self.is_loaded(m) && seen.insert(m.clone()))
+            .filter(|m| *m != dir.name && !self.is_loaded(m))
             .collect()
     }
 
@@ -286,9 +275,15 @@ impl Registry {
                 dir.name
             )));
         }
-        self.load_composing(dir, config_json, depth);
+        let cycle = self.cycle_through(dir, config_json);
+        if cycle.is_none() {
+            self.load_composing(dir, config_json, depth);
+        }
         let slot = self.slot(&dir.name);
         let _guard = slot.lifecycle.lock().expect("model lock");
+        if let Some(cycle) = cycle {
+            return self.refuse(dir, &slot, &cycle::message(&cycle));
+        }
         let files = fingerprint_files(&dir.path);
         let old_files = {
             let mut marks = slot.marks.lock().expect("marks");
@@ -331,6 +326,20 @@ impl Registry {
         }
         let entry = load_model(dir, self.backend.as_ref(), &self.opts, config_json, skip);
         let mut models = self.models.write().expect("registry lock");
+        // Checked again against what is loaded now: a concurrent load of a step may have
+        // closed a cycle since the check above.
+        let closed = cycle::find(&dir.name, |m| {
+            let composing = match m == dir.name {
+                true => entry.composing(),
+                false => models.get(m).map(|e| e.composing()).unwrap_or_default(),
+            };
+            composing.into_iter().collect()
+        });
+        if let Some(cycle) = closed {
+            drop(models);
+            drop(entry);
+            return self.refuse(dir, &slot, &cycle::message(&cycle));
+        }
         let old_ready = models.get(&dir.name).is_some_and(|e| e.is_ready());
         if !entry.is_ready() {
             slot.counts.lock().expect("counts").load_failures += 1;
@@ -369,6 +378,79 @@ impl Registry {
                 dir.name
             )))
         }
+    }
+
+    /// The ensemble cycle that loading `dir` with `config_json` would close (see [`cycle`]):
+    /// its own steps from that config; a loaded model's from what is loaded; a model not loaded
+    /// yet from its `config.pbtxt`, as loading `dir` would load it.
+    fn cycle_through(&self, dir: &ModelDir, config_json: Option<&str>) -> Option<Vec<String>> {
+        let mut scan: Option<HashMap<String, ModelDir>> = None;
+        cycle::find(&dir.name, |m| {
+            if m == dir.name {
+                return self.config_steps(dir, config_json);
+            }
+            if let Some(e) = self.models.read().expect("registry lock").get(m) {
+                return e.composing().into_iter().collect();
+            }
+            let dirs = scan.get_or_insert_with(|| {
+                repository::scan(&self.roots)
+                    .map(|s| s.models.into_iter().map(|d| (d.name.clone(), d)).collect())
+                    .unwrap_or_default()
+            });
+            dirs.get(m)
+                .map(|d| self.config_steps(d, None))
+                .unwrap_or_default()
+        })
+    }
+
+    /// The models an ensemble's steps call, from `config_json` if given, else from its
+    /// `config.pbtxt` (none for a model that is not an ensemble, or a config that does not
+    /// parse, which its load reports).
+    fn config_steps(&self, dir: &ModelDir, config_json: Option<&str>) -> Vec<String> {
+        let cfg = match config_json {
+            Some(json) => wisp_core::config::config_from_json(json).ok(),
+            None => load::read_config(dir).ok(),
+        };
+        let steps = cfg
+            .filter(|c| c.is_ensemble())
+            .and_then(|c| wisp_core::config::ensemble::steps(&c).ok())
+            .unwrap_or_default();
+        let mut seen = std::collections::HashSet::new();
+        steps
+            .into_iter()
+            .map(|s| s.model)
+            .filter(|m| seen.insert(m.clone()))
+            .collect()
+    }
+
+    /// Refuses to load `dir` for `reason` (the lifecycle lock held): a model that was serving
+    /// keeps serving, with the reason as its last reload error; one that was not is listed as
+    /// unavailable, with it.
+    fn refuse(&self, dir: &ModelDir, slot: &Slot, reason: &str) -> Result<()> {
+        tracing::error!(model = %dir.name, %reason, "model load refused");
+        slot.counts.lock().expect("counts").load_failures += 1;
+        // The next load must start afresh, not resize what is loaded in place.
+        slot.marks.lock().expect("marks").files = None;
+        let mut models = self.models.write().expect("registry lock");
+        if models.get(&dir.name).is_some_and(|e| e.is_ready()) {
+            drop(models);
+            let reason = format!("reload failed, previous version still serving: {reason}");
+            slot.marks.lock().expect("marks").reload_error = Some(reason.clone());
+            return Err(Error::invalid(format!(
+                "failed to load '{}': {reason}",
+                dir.name
+            )));
+        }
+        let previous = models.insert(
+            dir.name.clone(),
+            Arc::new(ModelEntry::broken(&dir.name, reason)),
+        );
+        drop(models);
+        drop(previous);
+        Err(Error::invalid(format!(
+            "failed to load '{}': {reason}",
+            dir.name
+        )))
     }
 
     /// After `entry` replaced `previous`: watches `entry` if it declares an SLA, holding the

@@ -576,28 +576,66 @@ impl Scheduler {
     /// Stops accepting requests; queued ones still run. Returns once every instance thread has
     /// finished (call from a blocking context).
     pub fn stop(&self) {
+        self.begin_stop().join();
+    }
+
+    /// Marks the scheduler stopping, wakes its instances and takes its threads' handles.
+    fn begin_stop(&self) -> Draining {
         self.shared.state.lock().expect("scheduler lock").stopping = true;
         self.shared.ready.notify_all();
-        let threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
-        for t in threads {
+        Draining {
+            shared: self.shared.clone(),
+            instances: std::mem::take(&mut *self.threads.lock().expect("threads lock")),
+            timeouts: self.timeouts.lock().expect("timeouts lock").take(),
+        }
+    }
+}
+
+/// A stopping scheduler's threads, still draining its queue.
+struct Draining {
+    shared: Arc<Shared>,
+    instances: Vec<JoinHandle<()>>,
+    timeouts: Option<JoinHandle<()>>,
+}
+
+impl Draining {
+    /// Waits for the instance threads to drain the queue, then for the timeout thread, which
+    /// serves the drain too and leaves after it.
+    fn join(self) {
+        for t in self.instances {
             let _ = t.join();
         }
-        // The timeout thread serves the drain too, and leaves after it.
         self.shared
             .state
             .lock()
             .expect("scheduler lock")
             .timeouts_done = true;
         self.shared.timeouts.notify_all();
-        if let Some(t) = self.timeouts.lock().expect("timeouts lock").take() {
+        if let Some(t) = self.timeouts {
             let _ = t.join();
         }
     }
 }
 
+/// Dropping the last reference stops the scheduler without waiting: the queue drains on a
+/// thread of its own. A version is dropped wherever its last request ends — on an async
+/// worker, under a caller's lock — and an execution that never ends (a wedged backend) must not
+/// take that thread with it.
 impl Drop for Scheduler {
     fn drop(&mut self) {
-        self.stop();
+        let draining = self.begin_stop();
+        if draining.instances.is_empty() && draining.timeouts.is_none() {
+            return;
+        }
+        let name = format!("wisp-{}-drain", self.shared.model);
+        let spawned = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || draining.join());
+        if let Err(e) = spawned {
+            // Without a thread to wait on, the instance threads finish on their own: stopping is
+            // set, and they exit once the queue is empty.
+            tracing::warn!(model = %self.shared.model, error = %e, "cannot start a drain thread");
+        }
     }
 }
 

@@ -123,7 +123,7 @@ pub fn main() -> anyhow::Result<()> {
         .thread_name("wisp-io")
         .build()?;
     let stall = std::time::Duration::from_secs(settings.instance_stall_secs);
-    rt.block_on(async move {
+    let served = rt.block_on(async move {
         let server = Server::start(settings).await?;
         let systemd: Arc<dyn crate::systemd::Notifier> = Arc::new(crate::systemd::Systemd);
         let models = server.registry().models().len();
@@ -149,5 +149,9 @@ pub fn main() -> anyhow::Result<()> {
         }
         tracing::info!("stopped");
         Ok(())
-    })
+    });
+    // `Server::shutdown` kept to `--exit-timeout-secs`; blocking work still running now (a
+    // load, a drain that never ends) is not waited for, as dropping the runtime would.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    served
 }

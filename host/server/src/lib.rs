@@ -612,18 +612,21 @@ impl Server {
         self.core.as_ref().expect("the core lives until shutdown")
     }
 
-    /// Stops accepting connections, waits for in-flight requests, then drains the models.
+    /// Stops accepting connections, waits for in-flight requests, then drains the models, all
+    /// within `--exit-timeout-secs`: what is still running then is left behind (the process
+    /// exits without it).
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + self.exit_timeout;
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(true);
         }
         if let Some(t) = self.grpc_task.take() {
-            match tokio::time::timeout(self.exit_timeout, t).await {
+            match tokio::time::timeout_at(deadline, t).await {
                 Ok(r) => r.context("gRPC task panicked")??,
                 Err(_) => tracing::warn!("exit timeout reached with gRPC requests in flight"),
             }
         }
-        match tokio::time::timeout(self.exit_timeout, &mut self.task).await {
+        match tokio::time::timeout_at(deadline, &mut self.task).await {
             Ok(r) => r.context("HTTP task panicked")??,
             Err(_) => {
                 tracing::warn!(
@@ -636,9 +639,18 @@ impl Server {
         if let Some(t) = self.metrics_task.take() {
             t.abort();
         }
-        match self.core.take() {
-            Some(core) => core.close().await,
-            None => Ok(()),
+        let Some(core) = self.core.take() else {
+            return Ok(());
+        };
+        match tokio::time::timeout_at(deadline, core.close()).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(
+                    secs = self.exit_timeout.as_secs(),
+                    "exit timeout reached while models drained; exiting without them"
+                );
+                Ok(())
+            }
         }
     }
 }
