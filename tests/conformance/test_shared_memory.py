@@ -142,6 +142,42 @@ def test_wrong_sizes_offsets_and_names_are_refused(server, regions, protocol):
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_object_truncated_after_registration_is_refused_and_the_server_lives(server, regions, protocol):
+    """The client owns the object: truncated to 0 under a registered 1 MiB region, inferring
+    from it or into it is a clear error (it used to kill the server with SIGBUS)."""
+    mod, c = client_for(server, protocol)
+    a, b = data()
+    size = 1 << 20
+    (handle, key), = [regions("shrinks", size)]
+    shm.set_shared_memory_region(handle, [a])
+    c.register_system_shared_memory("shrinks", key, size)
+    try:
+        os.truncate("/dev/shm/" + key.lstrip("/"), 0)
+
+        def run(read):
+            inputs = [mod.InferInput("INPUT0", [2, 16], "FP32"), mod.InferInput("INPUT1", [2, 16], "FP32")]
+            inputs[1].set_data_from_numpy(b)
+            outputs = None
+            if read:
+                inputs[0].set_shared_memory("shrinks", a.nbytes)
+            else:
+                inputs[0].set_data_from_numpy(a)
+                outputs = [mod.InferRequestedOutput("OUTPUT0")]
+                outputs[0].set_shared_memory("shrinks", a.nbytes, offset=size // 2)
+            return c.infer("add_sub", inputs, outputs=outputs)
+
+        expect_error(lambda: run(True), "shrinks", "shrank to 0 bytes")
+        expect_error(lambda: run(False), "shrinks", "shrank to 0 bytes")
+        assert c.is_server_live()
+        inputs = [mod.InferInput("INPUT0", [2, 16], "FP32"), mod.InferInput("INPUT1", [2, 16], "FP32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        np.testing.assert_allclose(c.infer("add_sub", inputs).as_numpy("OUTPUT0"), a + b, rtol=1e-6)
+    finally:
+        c.unregister_system_shared_memory()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_cuda_shared_memory_is_refused_clearly(server, protocol):
     _, c = client_for(server, protocol)
     expect_error(lambda: c.get_cuda_shared_memory_status(), "CUDA shared memory is not supported")

@@ -2,8 +2,10 @@
 //! (`shm_open`), registers a window of it under a name, and then names that region instead of
 //! sending tensor bytes: inputs are read from it, outputs written into it.
 //!
-//! A region is mapped once, at registration, and shared by `Arc`: unregistering removes the
-//! name at once, and the mapping lives until the last request using it finishes. Every offset
+//! A region's object is opened once, at registration, and shared by `Arc`: unregistering
+//! removes the name at once, and the descriptor lives until the last request using it
+//! finishes. Copies go through the descriptor (`pread`/`pwrite`), never through a mapping: the
+//! client may shrink the object at any time, and a mapping past its end would raise SIGBUS. Every offset
 //! and size is checked against the window with checked arithmetic before anything is copied.
 //! Keys are shm object names (`/name`, no other `/`), so a region can only ever be an object
 //! of the shared-memory file system, never an ordinary file.
@@ -174,7 +176,11 @@ impl SharedMemory {
     pub fn read(&self, r: &ShmRef) -> Result<Bytes> {
         let region = self.get(&r.region)?;
         let range = window(&region.status, r.offset, r.byte_size)?;
-        Ok(Bytes::from(region.map.read(range)))
+        let bytes = region
+            .map
+            .read(range)
+            .map_err(|e| e.context(format!("shared memory region '{}'", r.region)))?;
+        Ok(Bytes::from(bytes))
     }
 
     /// Writes `data` where `r` names; it must fit in `r.byte_size`.
@@ -189,8 +195,10 @@ impl SharedMemory {
             )));
         }
         let range = window(&region.status, r.offset, data.len())?;
-        region.map.write(range.start, data);
-        Ok(())
+        region
+            .map
+            .write(range.start, data)
+            .map_err(|e| e.context(format!("shared memory region '{}'", r.region)))
     }
 }
 
@@ -266,30 +274,21 @@ fn check_key(key: &str) -> Result<()> {
 #[cfg(unix)]
 mod mapping {
     use std::ffi::CString;
+    use std::os::unix::fs::FileExt;
 
     use wisp_core::{Error, Result};
 
-    /// A shared, writable mapping of part of a shm object.
+    /// A window of a shm object, reached through its descriptor: every copy is a `pread` or
+    /// `pwrite`, never a load or store through a mapping. The client owns the object and may
+    /// shrink it (`ftruncate`) at any time; touching a mapping past its new end would raise
+    /// SIGBUS and kill the server, while a read past it is a short read, answered as an error.
     pub struct Mapping {
-        base: *mut u8,
-        /// Bytes mapped (from the page boundary at or before the window's start).
+        file: std::fs::File,
+        /// Where the window starts in the object.
+        offset: u64,
+        /// The window's size.
         len: usize,
-        /// Where the window starts within the mapping.
-        skip: usize,
     }
-
-    // SAFETY: the mapping is plain shared memory owned by this value until drop; it is only
-    // touched through byte copies, from any thread.
-    #[expect(
-        unsafe_code,
-        reason = "a raw mapping is shared between request threads"
-    )]
-    unsafe impl Send for Mapping {}
-    #[expect(
-        unsafe_code,
-        reason = "a raw mapping is shared between request threads"
-    )]
-    unsafe impl Sync for Mapping {}
 
     fn os_error(what: &str) -> Error {
         let e = std::io::Error::last_os_error();
@@ -300,107 +299,95 @@ mod mapping {
     }
 
     impl Mapping {
-        /// Maps `byte_size` bytes at `offset` of shm object `key`, read-write and shared.
-        #[expect(unsafe_code, reason = "shm_open, fstat, mmap and close are C calls")]
+        /// Opens shm object `key` read-write and checks that `byte_size` bytes at `offset` lie
+        /// within it now.
+        #[expect(
+            unsafe_code,
+            reason = "shm_open is a C call; its descriptor becomes a File"
+        )]
         pub fn open(key: &str, offset: usize, byte_size: usize) -> Result<Mapping> {
             let c_key = CString::new(key).map_err(|_| Error::invalid("key has a NUL byte"))?;
-            // SAFETY: a valid C string; the returned descriptor is closed below.
-            let fd = unsafe { libc::shm_open(c_key.as_ptr(), libc::O_RDWR, 0) };
+            // SAFETY: a valid C string. O_NOFOLLOW: a key is one name, never a link elsewhere.
+            let fd = unsafe {
+                libc::shm_open(
+                    c_key.as_ptr(),
+                    libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    0,
+                )
+            };
             if fd < 0 {
                 return Err(os_error(&format!(
                     "Unable to open shared memory region '{key}'"
                 )));
             }
-            let result = (|| {
-                // SAFETY: fstat fills the zeroed struct for a descriptor we own.
-                let mut st: libc::stat = unsafe { std::mem::zeroed() };
-                if unsafe { libc::fstat(fd, &mut st) } != 0 {
-                    return Err(os_error("fstat"));
-                }
-                let size = usize::try_from(st.st_size).unwrap_or(0);
-                if offset.checked_add(byte_size).is_none_or(|end| end > size) {
-                    return Err(Error::invalid(format!(
-                        "offset {offset} + byte_size {byte_size} is past the end of '{key}' ({size} bytes)"
-                    )));
-                }
-                // SAFETY: sysconf has no preconditions.
-                let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-                    .unwrap_or(4096)
-                    .max(1);
-                let start = offset - offset % page;
-                let skip = offset - start;
-                let len = skip + byte_size;
-                let file_offset = libc::off_t::try_from(start)
-                    .map_err(|_| Error::invalid("offset is too large"))?;
-                // SAFETY: a fresh mapping of a range checked to lie within the object.
-                let base = unsafe {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_SHARED,
-                        fd,
-                        file_offset,
-                    )
-                };
-                if base == libc::MAP_FAILED {
-                    return Err(os_error("mmap"));
-                }
-                Ok(Mapping {
-                    base: base.cast(),
-                    len,
-                    skip,
-                })
-            })();
-            // SAFETY: closing our own descriptor; the mapping stays valid without it.
-            unsafe { libc::close(fd) };
-            result
+            // SAFETY: `fd` is a fresh descriptor that nothing else owns; the File closes it.
+            let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            let meta = file
+                .metadata()
+                .map_err(|e| Error::invalid(format!("fstat of '{key}': {e}")))?;
+            if !meta.is_file() {
+                return Err(Error::invalid(format!(
+                    "shared memory key '{key}' is not a shm object"
+                )));
+            }
+            let size = meta.len();
+            let end = (offset as u64).checked_add(byte_size as u64);
+            if end.is_none_or(|end| end > size) {
+                return Err(Error::invalid(format!(
+                    "offset {offset} + byte_size {byte_size} is past the end of '{key}' ({size} bytes)"
+                )));
+            }
+            Ok(Mapping {
+                file,
+                offset: offset as u64,
+                len: byte_size,
+            })
         }
 
-        /// A copy of `range` of the window (checked by the caller to lie within it).
-        #[expect(unsafe_code, reason = "copying out of the mapping")]
-        pub fn read(&self, range: std::ops::Range<usize>) -> Vec<u8> {
-            assert!(
-                self.skip + range.end <= self.len,
-                "range within the mapping"
-            );
+        /// The object's size now.
+        fn size(&self) -> Result<u64> {
+            self.file
+                .metadata()
+                .map(|m| m.len())
+                .map_err(|e| Error::internal(format!("fstat of a shared memory object: {e}")))
+        }
+
+        fn shrunk(&self, size: u64) -> Error {
+            Error::invalid(format!(
+                "the shared memory object shrank to {size} bytes, short of the {} registered at offset {}",
+                self.len, self.offset
+            ))
+        }
+
+        /// A copy of `range` of the window (checked by the caller to lie within it); an error
+        /// if the object no longer holds it.
+        pub fn read(&self, range: std::ops::Range<usize>) -> Result<Vec<u8>> {
+            assert!(range.end <= self.len, "range within the window");
             let mut out = vec![0u8; range.len()];
-            // SAFETY: the range lies within the live mapping (asserted), and `out` is a separate
-            // allocation of the same length. Another process may write the shared bytes at the
-            // same time; a byte copy then reads some mix, which is the client's own doing.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.base.add(self.skip + range.start),
-                    out.as_mut_ptr(),
-                    range.len(),
-                );
-            }
-            out
-        }
-
-        /// Copies `data` into the window at `at` (checked by the caller to fit).
-        #[expect(unsafe_code, reason = "copying into the mapping")]
-        pub fn write(&self, at: usize, data: &[u8]) {
-            assert!(
-                self.skip + at + data.len() <= self.len,
-                "range within the mapping"
-            );
-            // SAFETY: the destination lies within the live, writable mapping (asserted).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    data.as_ptr(),
-                    self.base.add(self.skip + at),
-                    data.len(),
-                );
+            let at = self.offset + range.start as u64;
+            match self.file.read_exact_at(&mut out, at) {
+                Ok(()) => Ok(out),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    Err(self.shrunk(self.size()?))
+                }
+                Err(e) => Err(Error::internal(format!(
+                    "reading shared memory failed: {e}"
+                ))),
             }
         }
-    }
 
-    impl Drop for Mapping {
-        #[expect(unsafe_code, reason = "munmap of our own mapping")]
-        fn drop(&mut self) {
-            // SAFETY: unmapping exactly what open mapped; nothing refers to it any more.
-            unsafe { libc::munmap(self.base.cast(), self.len) };
+        /// Copies `data` into the window at `at` (checked by the caller to fit); an error if the
+        /// object no longer reaches that far (a write past its end would grow it again).
+        pub fn write(&self, at: usize, data: &[u8]) -> Result<()> {
+            assert!(at + data.len() <= self.len, "range within the window");
+            let at = self.offset + at as u64;
+            let size = self.size()?;
+            if at + data.len() as u64 > size {
+                return Err(self.shrunk(size));
+            }
+            self.file
+                .write_all_at(data, at)
+                .map_err(|e| Error::internal(format!("writing shared memory failed: {e}")))
         }
     }
 }
@@ -418,10 +405,12 @@ mod mapping {
                 "system shared memory needs a POSIX system",
             ))
         }
-        pub fn read(&self, _range: std::ops::Range<usize>) -> Vec<u8> {
-            Vec::new()
+        pub fn read(&self, _range: std::ops::Range<usize>) -> Result<Vec<u8>> {
+            Ok(Vec::new())
         }
-        pub fn write(&self, _at: usize, _data: &[u8]) {}
+        pub fn write(&self, _at: usize, _data: &[u8]) -> Result<()> {
+            Ok(())
+        }
     }
 }
 
@@ -508,8 +497,45 @@ mod tests {
         shm.register("r", &obj.0, 0, 4096).unwrap();
         let held = shm.get("r").unwrap();
         shm.unregister(Some("r"));
-        held.map.write(0, b"still here");
-        assert_eq!(&held.map.read(0..10)[..], b"still here");
+        held.map.write(0, b"still here").unwrap();
+        assert_eq!(&held.map.read(0..10).unwrap()[..], b"still here");
+    }
+
+    /// The client owns the object and may shrink it under a registered region (a mapping
+    /// touched past the new end raised SIGBUS and killed the server): reads and writes are
+    /// refused with an error, and the region works again once the object has grown back.
+    #[test]
+    #[expect(unsafe_code, reason = "shrinking a test shm object")]
+    fn an_object_shrunk_under_its_region_is_an_error_not_a_crash() {
+        let obj = Object::new("shrink", 1 << 20);
+        let shm = SharedMemory::default();
+        shm.register("r", &obj.0, 4096, (1 << 20) - 4096).unwrap();
+        shm.write(&at("r", 0, 4), b"abcd").unwrap();
+        let resize = |size: usize| {
+            let c = std::ffi::CString::new(obj.0.clone()).unwrap();
+            // SAFETY: C calls on the object this test created.
+            unsafe {
+                let fd = libc::shm_open(c.as_ptr(), libc::O_RDWR, 0);
+                assert!(fd >= 0);
+                assert_eq!(libc::ftruncate(fd, size as libc::off_t), 0);
+                libc::close(fd);
+            }
+        };
+        resize(0);
+        let e = shm.read(&at("r", 0, 4)).unwrap_err();
+        assert_eq!(e.kind(), wisp_core::ErrorKind::InvalidArg, "{e}");
+        assert!(e.message().contains("region 'r'"), "{e}");
+        assert!(e.message().contains("shrank to 0 bytes"), "{e}");
+        let e = shm.write(&at("r", 100, 4), b"wxyz").unwrap_err();
+        assert!(e.message().contains("shrank"), "{e}");
+        // A partial shrink: the start still reads, the far end does not.
+        resize(8192);
+        assert_eq!(&shm.read(&at("r", 0, 4)).unwrap()[..], &[0, 0, 0, 0]);
+        assert!(shm.read(&at("r", 8192, 4)).is_err());
+        assert!(shm.write(&at("r", 4096, 1), b"x").is_err());
+        resize(1 << 20);
+        shm.write(&at("r", 500_000, 4), b"back").unwrap();
+        assert_eq!(&shm.read(&at("r", 500_000, 4)).unwrap()[..], b"back");
     }
 
     #[test]
