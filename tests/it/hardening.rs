@@ -494,25 +494,171 @@ async fn slow_idle_and_excess_connections_are_cut_off() {
         closed_within(&mut idle, Duration::from_secs(6)).await,
         "idle connection kept open"
     );
-    // the connection cap: 6 held open, the 7th is closed at once, health still answers once
-    // they are cut
+    // the connection cap: 6 held open without a request, the 7th takes the place of the one
+    // held longest, which is closed at once; health still answers once they are cut
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut held = Vec::new();
     for _ in 0..6 {
         held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let extra = tokio::net::TcpStream::connect(addr).await.unwrap();
     assert!(
-        closed_within(&mut extra, Duration::from_millis(900)).await,
-        "the 7th connection was not refused"
+        closed_within(&mut held[0], Duration::from_millis(900)).await,
+        "the 7th connection did not evict the one held longest"
     );
+    drop(extra);
     // the held ones send nothing: the header timeout cuts them
     for h in held.iter_mut() {
         assert!(closed_within(h, Duration::from_secs(5)).await);
     }
     let mut c = Client::connect(addr).await.unwrap();
     assert_eq!(c.get("/v2/health/live").await.unwrap().status, 200);
+    still_serves(&mut c).await;
+    server.shutdown().await.unwrap();
+}
+
+/// A connection from `ip` (any loopback address) to `addr`.
+async fn connect_from(ip: [u8; 4], addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::from((ip, 0))).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// A health check on a new connection: its status and how long it took, or `None` when the
+/// connection was refused or nothing came back within 5 s.
+async fn health(addr: std::net::SocketAddr) -> Option<(u16, Duration)> {
+    let start = Instant::now();
+    let check = async {
+        let mut c = Client::connect(addr).await.ok()?;
+        c.get("/v2/health/live").await.ok()
+    };
+    let r = tokio::time::timeout(Duration::from_secs(5), check)
+        .await
+        .ok()??;
+    Some((r.status, start.elapsed()))
+}
+
+/// The cap full of slow clients — bodies held half sent, heads trickled a line at a time
+/// (each sending bytes often enough never to look idle) — costs nothing to a health check:
+/// a new connection evicts the slowest. Held bodies are then cut by the minimum data rate,
+/// with a 400 naming the flag. A per-address cap stops one address from taking the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_cannot_fill_the_connection_cap() {
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
+        s.max_connections = Some(10);
+        s.max_connections_per_ip = Some(8);
+        s.min_data_rate = 240;
+    })
+    .await;
+    let addr = server.http_addr();
+    let attacker = [127, 0, 0, 2];
+    let mut bodies = Vec::new();
+    for _ in 0..4 {
+        let mut s = connect_from(attacker, addr).await;
+        s.write_all(b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"inputs\":")
+            .await
+            .unwrap();
+        bodies.push(s);
+        // (distinct opening times, so that which is oldest is known)
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut heads = Vec::new();
+    for _ in 0..4 {
+        let mut s = connect_from(attacker, addr).await;
+        s.write_all(b"GET /v2/health/live HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        heads.push(s);
+    }
+    // The per-address cap: a ninth from the attacker's address takes the place of that
+    // address's oldest unanswered connection (the first held body), never of someone else's.
+    let ninth = connect_from(attacker, addr).await;
+    assert!(
+        closed_within(&mut bodies[0], Duration::from_millis(900)).await,
+        "a ninth connection from one address did not evict that address's oldest"
+    );
+    drop(ninth);
+    // Trickle the heads, a line every 300 ms, while health checks come and go.
+    let trickle = tokio::spawn(async move {
+        for i in 0..30 {
+            for h in heads.iter_mut() {
+                let _ = h.write_all(format!("x-slow-{i}: 1\r\n").as_bytes()).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        heads
+    });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Two of ours fill the cap; every health check after that evicts a slow client.
+    let mut ours = Client::connect(addr).await.unwrap();
+    still_serves(&mut ours).await;
+    let mut other = Client::connect(addr).await.unwrap();
+    still_serves(&mut other).await;
+    drop((ours, other));
+    for _ in 0..5 {
+        let (status, took) = health(addr).await.expect("a health check got in");
+        assert_eq!(status, 200);
+        assert!(took < Duration::from_secs(2), "health took {took:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Every held body is gone by now or soon: evicted, or cut by the minimum rate after 5 s.
+    for mut b in bodies {
+        let mut reply = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(8), b.read_to_end(&mut reply)).await;
+        assert!(read.is_ok(), "a held body was kept open");
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(
+            reply.is_empty() || reply.contains("--min-data-rate"),
+            "{reply}"
+        );
+    }
+    let mut c = Client::connect(addr).await.unwrap();
+    still_serves(&mut c).await;
+    trickle.abort();
+    server.shutdown().await.unwrap();
+}
+
+/// A request body sent steadily but below the minimum rate is cut after the grace period; one
+/// sent at a good pace over the same time is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_below_the_minimum_data_rate_is_cut_and_a_steady_one_is_served() {
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
+        s.min_data_rate = 1000;
+    })
+    .await;
+    let addr = server.http_addr();
+    let body = serde_json::to_vec(&add_sub_request()).unwrap();
+    let send = |per_100ms: usize| {
+        let body = body.clone();
+        async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let head = format!(
+                "POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            for chunk in body.chunks(per_100ms) {
+                if s.write_all(chunk).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let mut reply = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut reply)).await;
+            String::from_utf8_lossy(&reply).to_string()
+        }
+    };
+    // About 7 s at 300 bytes/s for a body of about 2 KB: below 1000 bytes/s past the grace.
+    let slow = body.len() / 70;
+    let reply = send(slow.max(1)).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert!(reply.contains("slower than 1000 bytes/s"), "{reply}");
+    // The same body at 10 times that pace: served.
+    let reply = send(slow * 10).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let mut c = Client::connect(addr).await.unwrap();
     still_serves(&mut c).await;
     server.shutdown().await.unwrap();
 }

@@ -3,11 +3,21 @@
 //! a bounded amount and are cut off; each limit logs when it acts.
 //!
 //! - **Connection cap**: a listener's connections hold permits of a [`Gate`]. When a connection
-//!   arrives and none is free, the connection idle longest (no request in flight, no bytes for
-//!   at least [`EVICT_AFTER`]) is closed to make room, so a flood of idle connections cannot
-//!   lock out a health check; if every connection is busy, the new one is closed at once (its
-//!   file descriptor released immediately) rather than left to pile up until the process runs
-//!   out of descriptors.
+//!   arrives and none is free, the worst connection is closed to make room
+//!   ([`Gate::evict_worst`]): the one unanswered longest among those still sending a request or
+//!   with none in flight, unless it has shown that it sends at least the minimum data rate.
+//!   So a flood of idle or trickling connections cannot lock out a health check, while a
+//!   connection waiting for its model is never cut. If no connection qualifies, the new one is
+//!   closed at once (its file descriptor released immediately) rather than left to pile up
+//!   until the process runs out of descriptors. With no minimum rate (`--min-data-rate 0`),
+//!   only connections idle for [`EVICT_AFTER`] are closed for new ones.
+//! - **Per-peer cap** (optional): at most so many connections from one IP address; a new one
+//!   over it evicts that address's worst connection by the same rule, or is closed.
+//! - **Minimum data rate**: after a grace period ([`RATE_GRACE`]), a request body (other than
+//!   gRPC's, whose streams may rest between messages) must keep arriving at an average of at
+//!   least the minimum rate, as Kestrel's `MinRequestBodyDataRate` and nginx's
+//!   `client_body_timeout` ask; below it, the body fails and the request is answered.
+//! - **TLS handshake timeout**: a handshake must finish within its own bound.
 //! - **Header-read timeout** (HTTP/1): from the moment the server waits for a request head
 //!   (which includes a keep-alive connection waiting for its next request) to the end of that
 //!   head. A client that trickles headers, or holds a connection open without asking anything,
@@ -19,7 +29,7 @@
 
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -49,7 +59,15 @@ pub struct ConnLimits {
     /// Largest request header block, in bytes: HTTP/2 header lists; HTTP/1 heads are capped at
     /// the larger of this and 400 KiB (hyper's read buffer).
     pub max_header_size: usize,
+    /// The slowest a request body may arrive after [`RATE_GRACE`], in bytes per second, and
+    /// the rate below which a connection counts as slow for eviction (0: neither applies).
+    pub min_data_rate: u64,
+    /// The longest a TLS handshake may take.
+    pub tls_handshake_timeout: Duration,
 }
+
+/// How long a request body may arrive slower than the minimum data rate (Kestrel's default).
+pub const RATE_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a connection must have been idle before a new one may evict it.
 pub const EVICT_AFTER: Duration = Duration::from_secs(1);
@@ -58,14 +76,46 @@ pub const EVICT_AFTER: Duration = Duration::from_secs(1);
 const EVICT_WAIT: Duration = Duration::from_millis(200);
 
 /// What the gate knows of one open connection.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ConnState {
+    /// The peer's address, for the per-peer cap.
+    ip: IpAddr,
+    /// When it was accepted, in ms since the gate was made.
+    opened_ms: u64,
     /// Requests of this connection whose handler is running.
     in_flight: AtomicUsize,
+    /// Requests of this connection whose body is still arriving.
+    receiving: AtomicUsize,
     /// When bytes last moved, in ms since the gate was made.
     last_active_ms: AtomicU64,
+    /// When the server last wrote to it (answered), in ms since the gate was made.
+    last_write_ms: AtomicU64,
+    /// Bytes read from it since the server last wrote to it.
+    read_since_write: AtomicU64,
     /// Closes the connection at once.
     kill: tokio::sync::Notify,
+    /// Set once it was chosen for eviction, so that it is not chosen twice.
+    evicted: std::sync::atomic::AtomicBool,
+    /// Set once it holds a permit: only then does closing it make room.
+    admitted: std::sync::atomic::AtomicBool,
+    /// Set once one of its requests was answered.
+    served: std::sync::atomic::AtomicBool,
+}
+
+impl ConnState {
+    /// Since when the connection has had no answer: its last write, or its opening.
+    fn unanswered_since(&self) -> u64 {
+        self.last_write_ms
+            .load(Ordering::Relaxed)
+            .max(self.opened_ms)
+    }
+}
+
+/// The gate's open connections, and how many come from each address.
+#[derive(Debug, Default)]
+struct Conns {
+    by_id: std::collections::HashMap<u64, Arc<ConnState>>,
+    per_ip: std::collections::HashMap<IpAddr, usize>,
 }
 
 /// A cap on open connections, shared by the listeners that use it.
@@ -73,21 +123,29 @@ struct ConnState {
 pub struct Gate {
     name: &'static str,
     max: usize,
+    /// Most connections from one address.
+    per_ip: usize,
+    /// The rate below which a connection without an answer counts as slow (0: none does).
+    slow_rate: u64,
     permits: Arc<Semaphore>,
     refused: AtomicU64,
     evicted: AtomicU64,
     epoch: std::time::Instant,
     next_id: AtomicU64,
-    conns: std::sync::Mutex<std::collections::HashMap<u64, Arc<ConnState>>>,
+    conns: std::sync::Mutex<Conns>,
 }
 
 impl Gate {
-    /// A gate admitting at most `max` connections at once.
-    pub fn new(name: &'static str, max: usize) -> Arc<Self> {
+    /// A gate admitting at most `max` connections at once, at most `per_ip` of them from one
+    /// address, and counting a connection sending below `slow_rate` bytes per second since its
+    /// last answer as slow, to be evicted for a new one (0: only idle ones are).
+    pub fn new(name: &'static str, max: usize, per_ip: Option<usize>, slow_rate: u64) -> Arc<Self> {
         let max = max.max(1);
         Arc::new(Gate {
             name,
             max,
+            per_ip: per_ip.unwrap_or(max).max(1),
+            slow_rate,
             permits: Arc::new(Semaphore::new(max)),
             refused: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
@@ -101,19 +159,87 @@ impl Gate {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Closes the connection idle longest, if one has been idle for [`EVICT_AFTER`].
-    fn evict_idlest(&self) -> bool {
+    /// Records a new connection from `ip`; `false` in the answer when its address already has
+    /// `per_ip` connections.
+    fn register(&self, ip: IpAddr) -> (u64, Arc<ConnState>, bool) {
         let now = self.now_ms();
-        let min_idle = EVICT_AFTER.as_millis() as u64;
+        let state = Arc::new(ConnState {
+            ip,
+            opened_ms: now,
+            in_flight: AtomicUsize::new(0),
+            receiving: AtomicUsize::new(0),
+            last_active_ms: AtomicU64::new(now),
+            last_write_ms: AtomicU64::new(now),
+            read_since_write: AtomicU64::new(0),
+            kill: tokio::sync::Notify::new(),
+            evicted: std::sync::atomic::AtomicBool::new(false),
+            admitted: std::sync::atomic::AtomicBool::new(false),
+            served: std::sync::atomic::AtomicBool::new(false),
+        });
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut conns = self.conns.lock().expect("connections lock");
+        conns.by_id.insert(id, state.clone());
+        let n = conns.per_ip.entry(ip).or_insert(0);
+        *n += 1;
+        let within = *n <= self.per_ip;
+        (id, state, within)
+    }
+
+    fn unregister(&self, id: u64) {
+        let mut conns = self.conns.lock().expect("connections lock");
+        if let Some(state) = conns.by_id.remove(&id) {
+            if let Some(n) = conns.per_ip.get_mut(&state.ip) {
+                *n -= 1;
+                if *n == 0 {
+                    conns.per_ip.remove(&state.ip);
+                }
+            }
+        }
+    }
+
+    /// Closes the worst connection (of `ip` only, when given) to make room for a new one.
+    ///
+    /// Without a slow rate, only an idle one qualifies (no request in flight, no bytes for
+    /// [`EVICT_AFTER`]), the idlest first. With one, so does any connection still sending a
+    /// request or with none in flight, unless it has shown for [`EVICT_AFTER`] since its last
+    /// answer that it sends at least the slow rate; one never answered before one that was, and
+    /// then the one unanswered longest. A
+    /// connection whose request is with its model is never chosen, and a new connection is the
+    /// last to go, so slow clients that reconnect as soon as they are cut mostly evict each
+    /// other, while a health check is answered in the meantime.
+    fn evict_worst(&self, ip: Option<IpAddr>) -> bool {
+        let now = self.now_ms();
+        let grace = EVICT_AFTER.as_millis() as u64;
         let conns = self.conns.lock().expect("connections lock");
-        let victim = conns
+        let mine = conns
+            .by_id
             .values()
-            .filter(|c| c.in_flight.load(Ordering::Relaxed) == 0)
-            .map(|c| (c.last_active_ms.load(Ordering::Relaxed), c))
-            .filter(|(last, _)| now.saturating_sub(*last) >= min_idle)
-            .min_by_key(|(last, _)| *last);
+            .filter(|c| ip.is_none_or(|ip| c.ip == ip))
+            .filter(|c| c.admitted.load(Ordering::Relaxed) && !c.evicted.load(Ordering::Relaxed));
+        let victim = if self.slow_rate == 0 {
+            mine.filter(|c| c.in_flight.load(Ordering::Relaxed) == 0)
+                .map(|c| (c.last_active_ms.load(Ordering::Relaxed), c))
+                .filter(|(last, _)| now.saturating_sub(*last) >= grace)
+                .min_by_key(|(last, _)| *last)
+                .map(|(_, c)| c)
+        } else {
+            mine.filter(|c| {
+                c.in_flight.load(Ordering::Relaxed) == 0 || c.receiving.load(Ordering::Relaxed) > 0
+            })
+            .map(|c| (c.unanswered_since(), c))
+            .filter(|(since, c)| {
+                let waited = now.saturating_sub(*since);
+                // bytes per second since the last answer, in integer arithmetic
+                let rate = c.read_since_write.load(Ordering::Relaxed) * 1000 / waited.max(1);
+                waited < grace || rate < self.slow_rate
+            })
+            // Connections never answered go before those that were (keep-alive clients).
+            .min_by_key(|(since, c)| (c.served.load(Ordering::Relaxed), *since))
+            .map(|(_, c)| c)
+        };
         match victim {
-            Some((_, c)) => {
+            Some(c) => {
+                c.evicted.store(true, Ordering::Relaxed);
                 c.kill.notify_one();
                 self.evicted.fetch_add(1, Ordering::Relaxed);
                 true
@@ -124,15 +250,16 @@ impl Gate {
 
     /// Closes a connection the cap has no room for at once, releasing its file descriptor
     /// rather than letting refused connections pile up.
-    fn refuse(&self, tcp: TcpStream, peer: SocketAddr) {
+    fn refuse(&self, tcp: TcpStream, peer: SocketAddr, why: &str) {
         let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
         if n.is_power_of_two() {
             tracing::warn!(
                 listener = self.name,
                 %peer,
                 max = self.max,
+                per_ip = self.per_ip,
                 refused = n,
-                "connection refused: the connection limit is reached"
+                "connection refused: {why}"
             );
         }
         drop(tcp);
@@ -160,7 +287,7 @@ pub fn default_max_connections() -> usize {
 }
 
 /// Wraps a TCP stream: fails with `TimedOut` once no bytes have moved either way for
-/// `idle` while the connection has no request in flight.
+/// `idle` while the connection has no request in flight; tells the gate when bytes move.
 struct IdleIo {
     inner: TcpStream,
     idle: Duration,
@@ -189,6 +316,9 @@ impl IdleIo {
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
                     self.touch();
+                    let now = self.gate.now_ms();
+                    self.state.last_write_ms.store(now, Ordering::Relaxed);
+                    self.state.read_since_write.store(0, Ordering::Relaxed);
                 }
                 Poll::Ready(Ok(n))
             }
@@ -222,8 +352,12 @@ impl AsyncRead for IdleIo {
         let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
+                let read = buf.filled().len() - before;
+                if read > 0 {
                     self.touch();
+                    self.state
+                        .read_since_write
+                        .fetch_add(read as u64, Ordering::Relaxed);
                 }
                 Poll::Ready(Ok(()))
             }
@@ -280,8 +414,133 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.0.served.store(true, Ordering::Relaxed);
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// A request body that counts as receiving on its connection until it ends and, with a
+/// minimum rate, fails once it has arrived slower than that on average after [`RATE_GRACE`].
+struct Paced {
+    inner: hyper::body::Incoming,
+    /// Present while the body is still arriving.
+    state: Option<Arc<ConnState>>,
+    /// Bytes per second (0: no minimum).
+    min_rate: u64,
+    started: Instant,
+    received: u64,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+/// A body arriving too slowly.
+#[derive(Debug)]
+struct TooSlow(u64);
+
+impl std::fmt::Display for TooSlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the request body arrived slower than {} bytes/s (--min-data-rate)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for TooSlow {}
+
+impl Paced {
+    fn new(inner: hyper::body::Incoming, state: &Arc<ConnState>, min_rate: u64) -> Self {
+        let receiving = !hyper::body::Body::is_end_stream(&inner);
+        if receiving {
+            state.receiving.fetch_add(1, Ordering::Relaxed);
+        }
+        Paced {
+            inner,
+            state: receiving.then(|| state.clone()),
+            min_rate,
+            started: Instant::now(),
+            received: 0,
+            timer: None,
+        }
+    }
+
+    fn done(&mut self) {
+        if let Some(state) = self.state.take() {
+            state.receiving.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// When the body falls below the minimum rate if nothing more arrives.
+    fn deadline(&self) -> Instant {
+        let owed = Duration::from_millis(self.received.saturating_mul(1000) / self.min_rate.max(1));
+        self.started + RATE_GRACE + owed
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+impl hyper::body::Body for Paced {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.received += data.len() as u64;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.done();
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => {
+                self.done();
+                Poll::Ready(None)
+            }
+            Poll::Pending if self.min_rate == 0 || self.state.is_none() => Poll::Pending,
+            Poll::Pending => {
+                let deadline = self.deadline();
+                let timer = self
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.deadline() != deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        self.done();
+                        let rate = self.min_rate;
+                        Poll::Ready(Some(Err(Box::new(TooSlow(rate)))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Whether a request is gRPC, whose streams may rest between messages as long as they like.
+fn is_grpc(req: &hyper::Request<hyper::body::Incoming>) -> bool {
+    req.headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// Serves `router` on `listener` under `limits` and `gate` until `shutdown` turns true, then
@@ -323,6 +582,7 @@ pub async fn serve(
                 continue;
             }
         };
+        let (id, state, within) = gate.register(peer.ip());
         let conn = Conn {
             builder: builder.clone(),
             router: router.clone(),
@@ -330,12 +590,19 @@ pub async fn serve(
             gate: gate.clone(),
             tls: tls.clone(),
             stop: shutdown.clone(),
+            id,
+            state,
         };
+        if !within && !gate.evict_worst(Some(peer.ip())) {
+            gate.unregister(id);
+            gate.refuse(tcp, peer, "the per-address connection limit is reached");
+            continue;
+        }
         match gate.permits.clone().try_acquire_owned() {
             Ok(permit) => {
                 tokio::spawn(crate::coalesce::Coalesce::new(conn.run(tcp, peer, permit)));
             }
-            Err(_) if gate.evict_idlest() => {
+            Err(_) if gate.evict_worst(None) => {
                 let n = gate.evicted.load(Ordering::Relaxed);
                 if n.is_power_of_two() {
                     tracing::warn!(listener = gate.name, %peer, evicted = n, "connection limit reached: closed the longest-idle connection");
@@ -348,11 +615,18 @@ pub async fn serve(
                         Ok(Ok(permit)) => {
                             crate::coalesce::Coalesce::new(conn.run(tcp, peer, permit)).await
                         }
-                        _ => conn.gate.refuse(tcp, peer),
+                        _ => {
+                            conn.gate.unregister(conn.id);
+                            conn.gate
+                                .refuse(tcp, peer, "the connection limit is reached");
+                        }
                     }
                 });
             }
-            Err(_) => gate.refuse(tcp, peer),
+            Err(_) => {
+                gate.unregister(id);
+                gate.refuse(tcp, peer, "the connection limit is reached");
+            }
         }
     }
     drop(listener);
@@ -369,6 +643,9 @@ struct Conn {
     gate: Arc<Gate>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     stop: watch::Receiver<bool>,
+    /// Its entry in the gate.
+    id: u64,
+    state: Arc<ConnState>,
 }
 
 impl Conn {
@@ -381,17 +658,13 @@ impl Conn {
             gate,
             tls,
             stop,
+            id,
+            state,
         } = self;
+        state.admitted.store(true, Ordering::Relaxed);
         // Small responses and HTTP/2 frames must not wait for Nagle's algorithm (a 40 ms
         // stall with delayed ACKs).
         let _ = tcp.set_nodelay(true);
-        let state = Arc::new(ConnState::default());
-        state.last_active_ms.store(gate.now_ms(), Ordering::Relaxed);
-        let id = gate.next_id.fetch_add(1, Ordering::Relaxed);
-        gate.conns
-            .lock()
-            .expect("connections lock")
-            .insert(id, state.clone());
         let io = IdleIo {
             inner: tcp,
             idle: limits.idle_timeout,
@@ -401,9 +674,12 @@ impl Conn {
             peer,
         };
         let conn_state = state.clone();
+        let min_rate = limits.min_data_rate;
         let service =
             hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let guard = InFlight::new(&conn_state);
+                let rate = if is_grpc(&req) { 0 } else { min_rate };
+                let req = req.map(|body| Paced::new(body, &conn_state, rate));
                 let call = tower_call(router.clone(), req);
                 async move {
                     let resp = call.await;
@@ -414,15 +690,15 @@ impl Conn {
         match tls {
             None => run_conn(&builder, io, service, &state, stop, peer).await,
             Some(acceptor) => {
-                // The handshake is bounded like a request head.
-                match tokio::time::timeout(limits.header_timeout, acceptor.accept(io)).await {
+                let handshake = acceptor.accept(io);
+                match tokio::time::timeout(limits.tls_handshake_timeout, handshake).await {
                     Ok(Ok(tls_io)) => run_conn(&builder, tls_io, service, &state, stop, peer).await,
                     Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
                 }
             }
         }
-        gate.conns.lock().expect("connections lock").remove(&id);
+        gate.unregister(id);
         drop(permit);
     }
 }
@@ -471,7 +747,7 @@ async fn stopped(rx: &mut watch::Receiver<bool>) {
 /// Runs one request through the router.
 fn tower_call(
     router: axum::Router,
-    req: hyper::Request<hyper::body::Incoming>,
+    req: hyper::Request<Paced>,
 ) -> impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> {
     use tower_service::Service;
     let mut router = router;

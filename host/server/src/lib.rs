@@ -486,12 +486,20 @@ impl Server {
             idle_timeout: std::time::Duration::from_secs(settings.idle_timeout_secs),
             max_concurrent_streams: settings.grpc_max_concurrent_streams,
             max_header_size: settings.max_header_size as usize,
+            min_data_rate: settings.min_data_rate,
+            tls_handshake_timeout: std::time::Duration::from_secs(
+                settings.tls_handshake_timeout_secs,
+            ),
         };
         let gate = conn::Gate::new(
             "http+grpc",
             settings
                 .max_connections
                 .unwrap_or_else(conn::default_max_connections),
+            settings
+                .max_connections_per_ip
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            settings.min_data_rate,
         );
         tracing::info!(
             max_connections = gate.max(),
@@ -515,7 +523,8 @@ impl Server {
                 (
                     Some(maddr),
                     Some(tokio::spawn(async move {
-                        conn::serve(l, app, limits, conn::Gate::new("metrics", 64), None, rx).await
+                        let gate = conn::Gate::new("metrics", 64, None, limits.min_data_rate);
+                        conn::serve(l, app, limits, gate, None, rx).await
                     })),
                 )
             }

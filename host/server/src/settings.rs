@@ -171,6 +171,22 @@ pub struct Settings {
     #[arg(long)]
     pub max_connections: Option<usize>,
 
+    /// Most HTTP and gRPC connections open at once from one IP address (default: no cap below
+    /// `--max-connections`); over it, that address's idlest or slowest connection is closed
+    /// for the new one, or the new one is.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1048576))]
+    pub max_connections_per_ip: Option<u64>,
+
+    /// The slowest a request body may arrive, in bytes per second on average, once 5 s have
+    /// passed (gRPC streams excepted); also the rate below which an unanswered connection
+    /// counts as slow, to be closed for a new one at the connection cap. 0 turns both off.
+    #[arg(long, default_value_t = 240, value_parser = clap::value_parser!(u64).range(0..=1 << 30))]
+    pub min_data_rate: u64,
+
+    /// Seconds a TLS handshake may take.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub tls_handshake_timeout_secs: u64,
+
     /// Largest request header block in bytes: HTTP/2 header lists; an HTTP/1 head is capped at
     /// the larger of this and 400 KiB (hyper's read buffer, which also sizes body reads).
     #[arg(long, default_value_t = 32 * 1024, value_parser = clap::value_parser!(u64).range(1024..=1048576))]
