@@ -38,6 +38,7 @@ async fn fixtures_match_onnxruntime_outputs_on_both_engines() {
             "no_batch",
             "dtypes",
             "add_int64",
+            "cast_add_int64",
             "strings",
         ] {
             let expected: Value = serde_json::from_str(

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use tract_hir::infer::InferenceOp;
 use tract_onnx::pb;
 use tract_onnx::prelude::{
     tract_ndarray, DatumType, Framework, InferenceFact, InferenceModel, InferenceModelExt,
@@ -130,6 +131,48 @@ pub(crate) fn describe(file: &Path) -> Result<ModelIo> {
     })
 }
 
+/// How tract-onnx builds an inference op from an ONNX node.
+type OpBuilder = fn(
+    &tract_onnx::model::ParsingContext,
+    &pb::NodeProto,
+) -> tract_onnx::prelude::TractResult<(Box<dyn InferenceOp>, Vec<String>)>;
+
+/// tract-onnx's own `Cast` builder, for every target type but INT64.
+static TRACT_CAST: std::sync::OnceLock<Option<OpBuilder>> = std::sync::OnceLock::new();
+
+/// ONNX `Cast` with `to: INT64`, as INT64. tract-onnx reads it as a cast to its dimension type
+/// (`TDim`), for shape arithmetic; an INT64 value meeting that result is then cast to `TDim`
+/// too, and tract-data 0.23.9 casts integers to `TDim` through `i32`: `Cast(UINT8 -> INT64) +
+/// INT64` gave `255` for `255 + 2^40`, with no error. Wisp plans every shape concretely, so
+/// nothing needs the symbolic type, and INT64 arithmetic stays 64-bit.
+fn cast_to_int64(
+    ctx: &tract_onnx::model::ParsingContext,
+    node: &pb::NodeProto,
+) -> tract_onnx::prelude::TractResult<(Box<dyn InferenceOp>, Vec<String>)> {
+    let to = node.get_attr::<DatumType>("to")?;
+    if to == DatumType::I64 {
+        return Ok((
+            Box::new(tract_onnx::tract_core::ops::cast::cast(DatumType::I64)),
+            vec![],
+        ));
+    }
+    match TRACT_CAST.get().copied().flatten() {
+        Some(builder) => builder(ctx, node),
+        None => Err(tract_onnx::prelude::TractError::msg(
+            "tract has no Cast operator",
+        )),
+    }
+}
+
+/// tract's ONNX framework as Wisp uses it: with [`cast_to_int64`] for `Cast`.
+fn onnx() -> tract_onnx::Onnx {
+    let mut onnx = tract_onnx::onnx();
+    let original = onnx.op_register.0.get("Cast").copied();
+    TRACT_CAST.get_or_init(|| original);
+    onnx.op_register.insert("Cast", cast_to_int64);
+    onnx
+}
+
 type PlanKey = Vec<Vec<i64>>;
 
 /// A parsed model plus its per-shape plan cache, shared by all instances.
@@ -143,7 +186,7 @@ pub(crate) struct TractModel {
 
 impl TractModel {
     pub(crate) fn load(file: &Path, spec: &Spec) -> Result<Self> {
-        let model = tract_onnx::onnx()
+        let model = onnx()
             .model_for_path(file)
             .map_err(|e| Error::invalid(format!("tract cannot load {}: {e:#}", file.display())))?;
         let io = describe(file)?;
@@ -265,5 +308,43 @@ impl Runner for TractRunner {
             .zip(outputs.iter())
             .map(|(name, v)| from_tract(name, v))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tract_onnx::prelude::{tvec, Framework, InferenceModelExt};
+
+    /// `Cast(UINT8 -> INT64) + INT64` keeps 64 bits (tract alone gave `[1, 126, 255]`).
+    #[test]
+    fn a_cast_to_int64_keeps_64_bits() {
+        let file = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/repo/cast_add_int64/1/model.onnx"
+        );
+        let mut model = onnx().model_for_path(file).unwrap();
+        model
+            .set_input_fact(0, InferenceFact::dt_shape(DatumType::U8, [1usize, 3]))
+            .unwrap();
+        model
+            .set_input_fact(1, InferenceFact::dt_shape(DatumType::I64, [1usize, 3]))
+            .unwrap();
+        let plan = model.into_optimized().unwrap().into_runnable().unwrap();
+        let x = tract_ndarray::arr2(&[[0u8, 128, 255]])
+            .into_dyn()
+            .into_tensor();
+        let y = tract_ndarray::arr2(&[[1i64, -2, 1 << 40]])
+            .into_dyn()
+            .into_tensor();
+        let out = plan.run(tvec![x.into(), y.into()]).unwrap();
+        let sum = from_tract("Z", &out[0]).unwrap();
+        assert_eq!(sum.datatype, DataType::Int64);
+        let values: Vec<i64> = sum
+            .data
+            .chunks(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(values, [1, 126, (1 << 40) + 255]);
     }
 }
