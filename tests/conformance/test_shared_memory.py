@@ -112,6 +112,9 @@ def test_wrong_sizes_offsets_and_names_are_refused(server, regions, protocol):
     shm.set_shared_memory_region(inp, [a])
     expect_error(lambda: c.register_system_shared_memory("too_big", key, n + 1), "past the end")
     expect_error(lambda: c.register_system_shared_memory("bad_key", "not-a-key", 8), "shm object name")
+    # Only keys under the allowed prefix (--shm-key-prefix, default "wisp") can be registered.
+    expect_error(lambda: c.register_system_shared_memory("foreign", "/someone_elses", 8),
+                 "--shm-key-prefix")
     expect_error(lambda: c.register_system_shared_memory("missing", "/wisp_no_such_object", 8),
                  "Unable to open shared memory region")
     c.register_system_shared_memory("small", key, n)

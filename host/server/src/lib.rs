@@ -357,7 +357,7 @@ impl Core {
                     .unwrap_or(usize::MAX)
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
-            shm: Default::default(),
+            shm: service::shm::SharedMemory::new(&settings.shm_key_prefix, settings.shm_max_bytes),
             remotes: remotes.clone(),
             trace: service::trace::TraceControl::new(
                 trace.settings.clone(),

@@ -12,6 +12,12 @@ use wisp_core::env::{EnvSource, ProcessEnv};
 pub const DEFAULT_HTTP_PORT: u16 = 8000;
 /// Default maximum HTTP request body, after decompression (Triton's 64 MB).
 pub const DEFAULT_HTTP_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
+
+/// Default `--shm-key-prefix`: shm keys must start `/wisp`.
+pub const DEFAULT_SHM_KEY_PREFIX: &str = "wisp";
+
+/// Default `--shm-max-bytes`: 1 GiB of registered system shared memory.
+pub const DEFAULT_SHM_MAX_BYTES: u64 = 1 << 30;
 /// Default gRPC port (Triton's).
 pub const DEFAULT_GRPC_PORT: u16 = 8001;
 /// Default largest gRPC message, both directions.
@@ -200,6 +206,16 @@ pub struct Settings {
     /// body); past it, inference requests get 503 / RESOURCE_EXHAUSTED until others finish.
     #[arg(long, default_value_t = 2 << 30)]
     pub max_inflight_bytes: u64,
+
+    /// The prefix every system shared memory key must start with after its `/` (Triton
+    /// clients name keys as they like; only objects named this way can be registered). An
+    /// empty prefix allows any shm object.
+    #[arg(long, default_value = DEFAULT_SHM_KEY_PREFIX)]
+    pub shm_key_prefix: String,
+
+    /// Bytes of system shared memory that may be registered at once, all regions together.
+    #[arg(long, default_value_t = DEFAULT_SHM_MAX_BYTES)]
+    pub shm_max_bytes: u64,
 
     /// Requests of one gRPC `ModelStreamInfer` stream in flight at once, unread responses
     /// included; past it the stream is not read until the client catches up.

@@ -19,6 +19,7 @@ use wisp_scheduler::FailReason;
 use super::shm::ShmRef;
 use super::Service;
 use crate::models::ModelVersion;
+use bytes::Bytes;
 
 /// The largest `classification` count a request may ask for (each class becomes a string).
 pub const MAX_CLASSIFICATION: u64 = 10_000;
@@ -96,27 +97,14 @@ impl Service {
     ) -> Result<Answer> {
         // Bytes read from shared memory count against the in-flight budget like a body's.
         let mut _shm_permit = None;
+        let decoded = match decoded {
+            Ok(mut d) if !d.shm_inputs.is_empty() => self
+                .read_shm_inputs(&mut d, &mut _shm_permit)
+                .await
+                .map(|()| d),
+            other => other,
+        };
         let checked = decoded.and_then(|mut d| {
-            // Named regions and windows are checked before the budget is charged or anything read.
-            for s in &d.shm_inputs {
-                self.shm
-                    .check(&s.at)
-                    .map_err(|e| e.context(format!("input '{}'", s.name)))?;
-            }
-            let shm_bytes = d
-                .shm_inputs
-                .iter()
-                .fold(0u64, |sum, s| sum.saturating_add(s.at.byte_size as u64));
-            if shm_bytes > 0 {
-                _shm_permit = Some(self.admit(shm_bytes)?);
-            }
-            for s in std::mem::take(&mut d.shm_inputs) {
-                let what = format!("input '{}'", s.name);
-                let data = self.shm.read(&s.at).map_err(|e| e.context(&what))?;
-                let t = Tensor::new(s.name, s.datatype, s.shape, data)
-                    .map_err(|e| Error::invalid(format!("{what}: {}", e.message())))?;
-                d.request.inputs.push(t);
-            }
             wisp_core::infer::validate(&d.request, &m.signature)?;
             d.request.scheduling = Scheduling::from_parameters(&d.request.parameters)?;
             d.request.sequence = SequenceFlags::from_parameters(&d.request.parameters)?;
@@ -156,11 +144,31 @@ impl Service {
         };
         let labels = |name: &str| m.labels.get(name).cloned();
         let tensors = select_outputs(response, &wanted, &m.config, &labels)?;
+        let mut writes = Vec::new();
         for (spec, t) in wanted.iter().zip(&tensors) {
             if let Some(at) = &spec.shm {
-                self.shm
-                    .write(at, &t.data)
-                    .map_err(|e| e.context(format!("output '{}'", spec.name)))?;
+                let what = || format!("output '{}'", spec.name);
+                let w = self
+                    .shm
+                    .window(at, t.data.len())
+                    .map_err(|e| e.context(what()))?;
+                writes.push((w, t.data.clone(), what()));
+            }
+        }
+        if !writes.is_empty() {
+            let total: usize = writes.iter().map(|(w, _, _)| w.len()).sum();
+            let write_all = move || -> Result<()> {
+                for (w, data, what) in &writes {
+                    w.write(data).map_err(|e| e.context(what))?;
+                }
+                Ok(())
+            };
+            if total > super::shm::INLINE_COPY_BYTES {
+                tokio::task::spawn_blocking(write_all)
+                    .await
+                    .map_err(|_| Error::internal("a shared memory write panicked"))??;
+            } else {
+                write_all()?;
             }
         }
         Ok(Answer {
@@ -169,6 +177,53 @@ impl Service {
             binary_default,
             model: m,
         })
+    }
+
+    /// Reads the inputs `d` names in shared memory into its request: every region and window
+    /// checked, then the bytes charged to the in-flight budget (the permit goes to `permit`),
+    /// then copied, on the blocking pool when they are large.
+    async fn read_shm_inputs(
+        &self,
+        d: &mut Decoded,
+        permit: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<()> {
+        let windows = d
+            .shm_inputs
+            .iter()
+            .map(|s| {
+                self.shm
+                    .window(&s.at, s.at.byte_size)
+                    .map_err(|e| e.context(format!("input '{}'", s.name)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let total = windows
+            .iter()
+            .fold(0u64, |sum, w| sum.saturating_add(w.len() as u64));
+        if total > 0 {
+            *permit = Some(self.admit(total)?);
+        }
+        let names: Vec<String> = d.shm_inputs.iter().map(|s| s.name.clone()).collect();
+        let read_all = move || -> Result<Vec<Bytes>> {
+            windows
+                .iter()
+                .zip(&names)
+                .map(|(w, name)| w.read().map_err(|e| e.context(format!("input '{name}'"))))
+                .collect()
+        };
+        let data = if total > super::shm::INLINE_COPY_BYTES as u64 {
+            tokio::task::spawn_blocking(read_all)
+                .await
+                .map_err(|_| Error::internal("a shared memory read panicked"))??
+        } else {
+            read_all()?
+        };
+        for (s, data) in std::mem::take(&mut d.shm_inputs).into_iter().zip(data) {
+            let what = format!("input '{}'", s.name);
+            let t = Tensor::new(s.name, s.datatype, s.shape, data)
+                .map_err(|e| Error::invalid(format!("{what}: {}", e.message())))?;
+            d.request.inputs.push(t);
+        }
+        Ok(())
     }
 
     /// Runs a validated request through the response cache (when the model enables it) and the

@@ -53,10 +53,23 @@ struct Region {
 }
 
 /// The registered regions.
-#[derive(Default)]
 pub struct SharedMemory {
     regions: Mutex<BTreeMap<String, Arc<Region>>>,
+    /// What every key must start with after its `/`.
+    key_prefix: String,
+    /// The most bytes all regions may window together.
+    max_bytes: u64,
 }
+
+impl Default for SharedMemory {
+    /// Any shm object, and at most the default 1 GiB registered.
+    fn default() -> Self {
+        SharedMemory::new("", crate::settings::DEFAULT_SHM_MAX_BYTES)
+    }
+}
+
+/// Copies larger than this run on the blocking pool, not on an async worker.
+pub const INLINE_COPY_BYTES: usize = 64 * 1024;
 
 impl super::Service {
     /// Registers a shared memory region ([`SharedMemory::register`]) off the async workers:
@@ -75,7 +88,18 @@ impl super::Service {
 }
 
 impl SharedMemory {
-    /// Maps `byte_size` bytes at `offset` of the shm object `key` and registers them as `name`.
+    /// No regions yet; keys must start with `/` then `key_prefix`, and regions may window at
+    /// most `max_bytes` together.
+    pub fn new(key_prefix: &str, max_bytes: u64) -> Self {
+        SharedMemory {
+            regions: Mutex::default(),
+            key_prefix: key_prefix.to_string(),
+            max_bytes,
+        }
+    }
+
+    /// Opens the shm object `key`, checks that `byte_size` bytes at `offset` lie within it, and
+    /// registers that window as `name`.
     pub fn register(&self, name: &str, key: &str, offset: usize, byte_size: usize) -> Result<()> {
         if name.is_empty() || name.len() > MAX_NAME_BYTES {
             return Err(Error::invalid(format!(
@@ -83,6 +107,13 @@ impl SharedMemory {
             )));
         }
         check_key(key)?;
+        if !key[1..].starts_with(&self.key_prefix) {
+            return Err(Error::invalid(format!(
+                "shared memory key '{}' does not start with '/{}', the prefix this server allows (--shm-key-prefix)",
+                key.escape_debug(),
+                self.key_prefix.escape_debug()
+            )));
+        }
         if byte_size == 0 {
             return Err(Error::invalid(format!(
                 "shared memory region '{name}': byte_size must be positive"
@@ -110,6 +141,15 @@ impl SharedMemory {
                 wisp_core::ErrorKind::AlreadyExists,
                 format!("shared memory region '{name}' already in manager"),
             ));
+        }
+        let registered = regions
+            .values()
+            .fold(0u64, |sum, r| sum.saturating_add(r.status.byte_size as u64));
+        if registered.saturating_add(byte_size as u64) > self.max_bytes {
+            return Err(Error::exhausted(format!(
+                "shared memory region '{name}': {byte_size} more bytes would take the registered regions past {} bytes (--shm-max-bytes; {registered} registered)",
+                self.max_bytes
+            )));
         }
         regions.insert(
             name.to_string(),
@@ -168,37 +208,72 @@ impl SharedMemory {
 
     /// Whether `r` names a registered region and lies within it (before anything is read).
     pub fn check(&self, r: &ShmRef) -> Result<()> {
+        self.window(r, r.byte_size).map(|_| ())
+    }
+
+    /// The first `len` bytes of what `r` names (`len` at most `r.byte_size`), checked to lie
+    /// within its region; the region stays open while the window is held, even if it is
+    /// unregistered meanwhile.
+    pub fn window(&self, r: &ShmRef, len: usize) -> Result<Window> {
         let region = self.get(&r.region)?;
-        window(&region.status, r.offset, r.byte_size).map(|_| ())
+        if len > r.byte_size {
+            return Err(Error::invalid(format!(
+                "shared memory region '{}': the output has {len} bytes, more than the {} requested",
+                r.region, r.byte_size
+            )));
+        }
+        let range = window(&region.status, r.offset, len)?;
+        Ok(Window { region, range })
     }
 
     /// A copy of the bytes `r` names.
     pub fn read(&self, r: &ShmRef) -> Result<Bytes> {
-        let region = self.get(&r.region)?;
-        let range = window(&region.status, r.offset, r.byte_size)?;
-        let bytes = region
-            .map
-            .read(range)
-            .map_err(|e| e.context(format!("shared memory region '{}'", r.region)))?;
-        Ok(Bytes::from(bytes))
+        self.window(r, r.byte_size)?.read()
     }
 
     /// Writes `data` where `r` names; it must fit in `r.byte_size`.
     pub fn write(&self, r: &ShmRef, data: &[u8]) -> Result<()> {
-        let region = self.get(&r.region)?;
-        if data.len() > r.byte_size {
-            return Err(Error::invalid(format!(
-                "shared memory region '{}': the output has {} bytes, more than the {} requested",
-                r.region,
-                data.len(),
-                r.byte_size
-            )));
-        }
-        let range = window(&region.status, r.offset, data.len())?;
-        region
-            .map
-            .write(range.start, data)
-            .map_err(|e| e.context(format!("shared memory region '{}'", r.region)))
+        self.window(r, data.len())?.write(data)
+    }
+}
+
+/// A checked window of a registered region, for one copy in or out.
+pub struct Window {
+    region: Arc<Region>,
+    range: std::ops::Range<usize>,
+}
+
+impl Window {
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+
+    /// A copy of its bytes (a blocking system call: large windows belong on the blocking pool).
+    pub fn read(&self) -> Result<Bytes> {
+        let bytes = self.region.map.read(self.range.clone()).map_err(|e| {
+            e.context(format!(
+                "shared memory region '{}'",
+                self.region.status.name
+            ))
+        })?;
+        Ok(Bytes::from(bytes))
+    }
+
+    /// Writes `data` (its length is the window's) at its start.
+    pub fn write(&self, data: &[u8]) -> Result<()> {
+        debug_assert_eq!(data.len(), self.range.len());
+        self.region.map.write(self.range.start, data).map_err(|e| {
+            e.context(format!(
+                "shared memory region '{}'",
+                self.region.status.name
+            ))
+        })
     }
 }
 
@@ -536,6 +611,23 @@ mod tests {
         resize(1 << 20);
         shm.write(&at("r", 500_000, 4), b"back").unwrap();
         assert_eq!(&shm.read(&at("r", 500_000, 4)).unwrap()[..], b"back");
+    }
+
+    #[test]
+    fn keys_need_the_prefix_and_regions_fit_the_byte_cap() {
+        let obj = Object::new("cap", 8192);
+        let shm = SharedMemory::new("wisp-test-cap", 6000);
+        shm.register("a", &obj.0, 0, 4096).unwrap();
+        let e = shm.register("b", &obj.0, 0, 4096).unwrap_err();
+        assert_eq!(e.kind(), wisp_core::ErrorKind::Exhausted, "{e}");
+        assert!(e.message().contains("--shm-max-bytes"), "{e}");
+        shm.register("b", &obj.0, 4096, 1904).unwrap();
+        shm.unregister(Some("a"));
+        shm.register("c", &obj.0, 0, 4096).unwrap();
+        let other = SharedMemory::new("elsewhere", 1 << 20);
+        let e = other.register("r", &obj.0, 0, 1).unwrap_err();
+        assert_eq!(e.kind(), wisp_core::ErrorKind::InvalidArg, "{e}");
+        assert!(e.message().contains("--shm-key-prefix"), "{e}");
     }
 
     #[test]
