@@ -519,6 +519,97 @@ async fn slow_idle_and_excess_connections_are_cut_off() {
     server.shutdown().await.unwrap();
 }
 
+/// Files that are not regular files in a repository — a FIFO as a model file, as a config and
+/// as a plugin, a link to `/dev/zero` as a model file — neither hang nor spin the loader: each
+/// model is UNAVAILABLE with a reason naming the kind of file, and the others serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_regular_files_are_read_from_a_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path();
+    copy_dir(&fixture_repo().join("add_sub"), &repo.join("add_sub")).unwrap();
+    let mkfifo = |path: &std::path::Path| {
+        assert!(std::process::Command::new("mkfifo")
+            .arg(path)
+            .status()
+            .unwrap()
+            .success());
+    };
+    // a FIFO model file, a /dev/zero model file, a FIFO config
+    for (name, kind) in [
+        ("fifo_model", "fifo"),
+        ("zero_model", "zero"),
+        ("fifo_config", "config"),
+    ] {
+        let m = repo.join(name);
+        copy_dir(&fixture_repo().join("add_sub"), &m).unwrap();
+        let cfg = std::fs::read_to_string(m.join("config.pbtxt"))
+            .unwrap()
+            .replace("\"add_sub\"", &format!("\"{name}\""));
+        std::fs::write(m.join("config.pbtxt"), cfg).unwrap();
+        match kind {
+            "fifo" => {
+                std::fs::remove_file(m.join("1/model.onnx")).unwrap();
+                mkfifo(&m.join("1/model.onnx"));
+            }
+            "zero" => {
+                std::fs::remove_file(m.join("1/model.onnx")).unwrap();
+                std::os::unix::fs::symlink("/dev/zero", m.join("1/model.onnx")).unwrap();
+            }
+            _ => {
+                std::fs::remove_file(m.join("config.pbtxt")).unwrap();
+                mkfifo(&m.join("config.pbtxt"));
+            }
+        }
+    }
+    // a plugin whose component is a FIFO
+    add_plugin_model(
+        repo,
+        "fifo_plugin",
+        1,
+        "testkit",
+        &crate::common::testkit_config(""),
+    );
+    std::fs::remove_file(repo.join("fifo_plugin/1/model.wasm")).unwrap();
+    mkfifo(&repo.join("fifo_plugin/1/model.wasm"));
+    let started = Instant::now();
+    let server = tokio::time::timeout(
+        Duration::from_secs(60),
+        start_with(repo, OnnxEngine::Tract, |_| {}),
+    )
+    .await
+    .expect("start-up does not hang on a FIFO");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    still_serves(&mut c).await;
+    let idx = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .unwrap()
+        .json();
+    for (name, kind) in [
+        ("fifo_model", "a FIFO"),
+        // (a link out of the model directory: refused as such before its kind matters)
+        ("zero_model", "resolves outside the model directory"),
+        ("fifo_config", "a FIFO"),
+        ("fifo_plugin", "a FIFO"),
+    ] {
+        let row = idx
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not in {idx}"));
+        assert_eq!(row["state"], "UNAVAILABLE", "{row}");
+        let reason = row["reason"].as_str().unwrap();
+        assert!(reason.contains(kind), "{name}: {reason}");
+    }
+    server.shutdown().await.unwrap();
+}
+
 /// A connection from `ip` (any loopback address) to `addr`.
 async fn connect_from(ip: [u8; 4], addr: std::net::SocketAddr) -> tokio::net::TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();

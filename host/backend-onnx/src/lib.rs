@@ -90,12 +90,25 @@ impl OnnxBackend {
     }
 }
 
+/// Refuses a model file that is not a regular file within [`MAX_MODEL_FILE_BYTES`] before an
+/// engine opens it by path: a FIFO would block the load for ever, a link to `/dev/zero` would
+/// be read without end.
+///
+/// [`MAX_MODEL_FILE_BYTES`]: wisp_core::repository::MAX_MODEL_FILE_BYTES
+fn check_model_file(model_file: &Path) -> Result<()> {
+    wisp_core::repository::open_regular(model_file, wisp_core::repository::MAX_MODEL_FILE_BYTES)
+        .map(drop)
+        .map_err(|e| Error::invalid(format!("cannot read {}: {e}", model_file.display())))
+}
+
 impl Backend for OnnxBackend {
     fn describe(&self, model_file: &Path) -> Result<ModelIo> {
+        check_model_file(model_file)?;
         tract_engine::describe(model_file)
     }
 
     fn load(&self, model: &ModelSpec, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
+        check_model_file(model_file)?;
         let config = &*model.config;
         let io = tract_engine::describe(model_file)?;
         let spec = Arc::new(Spec::new(&model.signature, &io)?);

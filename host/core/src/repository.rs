@@ -118,6 +118,88 @@ pub fn confine(model_dir: &Path, relative: &str) -> std::result::Result<PathBuf,
     }
 }
 
+/// The most bytes a model's config or a small file beside it may have (1 MiB).
+pub const MAX_SMALL_FILE_BYTES: u64 = 1 << 20;
+
+/// The most bytes a model file (ONNX, wasm) may have (4 GiB).
+pub const MAX_MODEL_FILE_BYTES: u64 = 4 << 30;
+
+/// Opens `path` for reading only if it is (or links to) a regular file of at most `max` bytes.
+/// A FIFO, a device (`/dev/zero`), a socket or a directory is refused with an error naming
+/// it, and opening never blocks (a FIFO without a writer would block an ordinary open for ever).
+pub fn open_regular(path: &Path, max: u64) -> std::io::Result<(std::fs::File, u64)> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut opts, libc::O_NONBLOCK);
+    let file = opts.open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a regular file ({}); only regular files are read from a model directory",
+                path.display(),
+                file_kind(&meta)
+            ),
+        ));
+    }
+    if meta.len() > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} has {} bytes, more than the {max} allowed",
+                path.display(),
+                meta.len()
+            ),
+        ));
+    }
+    Ok((file, meta.len()))
+}
+
+/// What kind of file `meta` describes, for errors.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    let t = meta.file_type();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_char_device() || t.is_block_device() {
+            return "a device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if t.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The bytes of `path`, read only if it is a regular file of at most `max` bytes
+/// ([`open_regular`]); reading stops at `max` even if the file grows meanwhile.
+pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let (file, len) = open_regular(path, max)?;
+    let mut out = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(max).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// [`read_regular`] as UTF-8 text.
+pub fn read_regular_text(path: &Path, max: u64) -> std::io::Result<String> {
+    String::from_utf8(read_regular(path, max)?).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not UTF-8 text", path.display()),
+        )
+    })
+}
+
 /// Integer-named version directories of a model, ascending.
 pub fn versions(model_dir: &Path) -> Vec<u64> {
     let mut out: Vec<u64> = std::fs::read_dir(model_dir)
@@ -157,6 +239,37 @@ pub fn select_versions(policy: &VersionPolicy, available: &[u64]) -> Result<Vec<
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_bounded_regular_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model.onnx");
+        std::fs::write(&file, b"12345").unwrap();
+        assert_eq!(read_regular(&file, 5).unwrap(), b"12345");
+        let e = read_regular(&file, 4).unwrap_err();
+        assert!(e.to_string().contains("more than the 4 allowed"), "{e}");
+        // A symbolic link to a regular file is read; one to a device is not (it never ends).
+        let link = dir.path().join("link.onnx");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_regular(&link, 5).unwrap(), b"12345");
+        let zero = dir.path().join("zero.onnx");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let e = read_regular(&zero, 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("a device"), "{e}");
+        // A FIFO with no writer: refused at once, where an open would block for ever.
+        let fifo = dir.path().join("fifo.onnx");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let start = std::time::Instant::now();
+        let e = read_regular(&fifo, 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        let e = read_regular(dir.path(), 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("a directory"), "{e}");
+    }
+
     use super::*;
     use crate::config::{Latest, Specific};
 

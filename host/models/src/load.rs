@@ -214,7 +214,10 @@ pub(super) fn prepare_config_from(
             .map_err(|e| e.context(format!("model '{name}': 'config' parameter")))?,
         None => {
             let path = dir.path.join("config.pbtxt");
-            let text = match std::fs::read_to_string(&path) {
+            let text = match wisp_core::repository::read_regular_text(
+                &path,
+                wisp_core::repository::MAX_SMALL_FILE_BYTES,
+            ) {
                 Ok(t) => t,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && autocomplete => String::new(),
                 Err(e) => {
@@ -263,7 +266,10 @@ pub(super) fn prepare_config_from(
     // (a sandbox is read exactly for a plugin's config)
     if let (Some(_), Some(sandbox)) = (&config_json, &spec.params.sandbox) {
         // A config from the network may narrow the repository's sandbox, never widen it.
-        let base = match std::fs::read_to_string(dir.path.join("config.pbtxt")) {
+        let base = match wisp_core::repository::read_regular_text(
+            &dir.path.join("config.pbtxt"),
+            wisp_core::repository::MAX_SMALL_FILE_BYTES,
+        ) {
             Ok(text) => config::parse_pbtxt(name, &text)?,
             Err(_) => ModelConfig {
                 name: name.to_string(),
@@ -288,8 +294,11 @@ pub(super) fn is_ensemble_dir(dir: &ModelDir) -> bool {
 /// A model directory's `config.pbtxt`, parsed (not normalized or validated).
 pub(super) fn read_config(dir: &ModelDir) -> Result<ModelConfig> {
     let path = dir.path.join("config.pbtxt");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Error::invalid(format!("cannot read {}: {e}", path.display())))?;
+    let text = wisp_core::repository::read_regular_text(
+        &path,
+        wisp_core::repository::MAX_SMALL_FILE_BYTES,
+    )
+    .map_err(|e| Error::invalid(format!("cannot read {}: {e}", path.display())))?;
     Ok(config::parse_pbtxt(&dir.name, &text)?)
 }
 
@@ -319,11 +328,18 @@ fn load_version(
         )
         .map_err(|why| Error::invalid(format!("default_model_filename: {why}")))?;
     }
-    if !cfg.is_ensemble() && !file.is_file() {
-        return Err(Error::not_found(format!(
-            "model file {} not found",
-            file.display()
-        )));
+    if !cfg.is_ensemble() {
+        // Only a regular file within the bound is loaded (a FIFO would hang the load).
+        match repository::open_regular(&file, repository::MAX_MODEL_FILE_BYTES) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::not_found(format!(
+                    "model file {} not found",
+                    file.display()
+                )))
+            }
+            Err(e) => return Err(Error::invalid(format!("cannot read the model file: {e}"))),
+        }
     }
     let sequencing = spec.sequence.clone();
     let loaded = match &sequencing {

@@ -183,7 +183,10 @@ pub fn manifest_text(model_dir: &Path, version: u64) -> std::io::Result<String> 
     let mut text = String::new();
     for rel in covered_files(model_dir, version)? {
         let mut hasher = Sha256::new();
-        let mut file = std::fs::File::open(model_dir.join(&rel))?;
+        let (mut file, _) = wisp_core::repository::open_regular(
+            &model_dir.join(&rel),
+            wisp_core::repository::MAX_MODEL_FILE_BYTES,
+        )?;
         std::io::copy(&mut file, &mut hasher)?;
         let name = rel.to_string_lossy().replace('\\', "/");
         text.push_str(&format!("{}  {name}\n", hex(&hasher.finalize())));
@@ -204,7 +207,8 @@ pub fn sign(model_dir: &Path, version: u64, key: &SigningKey) -> std::io::Result
 /// required; otherwise why not.
 pub fn verify(model_dir: &Path, version: u64, v: &Verification) -> Result<(), String> {
     let dir = model_dir.join(version.to_string());
-    let manifest = match std::fs::read(dir.join(MANIFEST)) {
+    let small = wisp_core::repository::MAX_SMALL_FILE_BYTES;
+    let manifest = match wisp_core::repository::read_regular(&dir.join(MANIFEST), small) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return if v.required {
@@ -217,7 +221,7 @@ pub fn verify(model_dir: &Path, version: u64, v: &Verification) -> Result<(), St
         }
         Err(e) => return Err(format!("cannot read {version}/{MANIFEST}: {}", e.kind())),
     };
-    let sig_text = std::fs::read_to_string(dir.join(SIGNATURE))
+    let sig_text = wisp_core::repository::read_regular_text(&dir.join(SIGNATURE), small)
         .map_err(|e| format!("cannot read {version}/{SIGNATURE}: {}", e.kind()))?;
     let sig = Signature::from_bytes(&unhex::<64>(&sig_text, SIGNATURE)?);
     v.key.verify(&manifest, &sig).map_err(|_| {

@@ -115,7 +115,12 @@ fn warmup_request(model_dir: &Path, sig: &Signature, sample: &ModelWarmup) -> Re
                 }
                 let mut row = Vec::with_capacity(len as usize);
                 std::io::Read::read_to_end(
-                    &mut std::io::Read::take(std::fs::File::open(&path).map_err(cannot_read)?, len),
+                    &mut std::io::Read::take(
+                        wisp_core::repository::open_regular(&path, len)
+                            .map_err(cannot_read)?
+                            .0,
+                        len,
+                    ),
                     &mut row,
                 )
                 .map_err(cannot_read)?;

@@ -167,7 +167,14 @@ pub fn digest(dir: &Path) -> Option<String> {
                     rel.display(),
                     std::fs::metadata(&path)?.len()
                 ));
-                std::io::copy(&mut std::fs::File::open(&path)?, h)?;
+                let (file, _) = wisp_core::repository::open_regular(
+                    &path,
+                    wisp_core::repository::MAX_MODEL_FILE_BYTES,
+                )?;
+                std::io::copy(
+                    &mut file.take(wisp_core::repository::MAX_MODEL_FILE_BYTES),
+                    h,
+                )?;
             }
         }
         Ok(())

@@ -180,7 +180,11 @@ impl WasmBackend {
                 "model '{name}': a wasm model declares its inputs and outputs in config.pbtxt, or describes them itself (wisp:plugin@0.2.0 `describe`)"
             )));
         }
-        let wasm = std::fs::read(model_file).map_err(|e| {
+        let wasm = wisp_core::repository::read_regular(
+            model_file,
+            wisp_core::repository::MAX_MODEL_FILE_BYTES,
+        )
+        .map_err(|e| {
             Error::invalid(format!(
                 "model '{name}': cannot read {}: {e}",
                 model_file.display()
@@ -290,8 +294,9 @@ impl WasmBackend {
     /// Compiles and links `file` as a load would, and reports its world, its imports and what
     /// its `describe` says (`wisp plugin check`).
     pub fn inspect(&self, file: &Path) -> Result<Inspection> {
-        let wasm = std::fs::read(file)
-            .map_err(|e| Error::invalid(format!("cannot read {}: {e}", file.display())))?;
+        let wasm =
+            wisp_core::repository::read_regular(file, wisp_core::repository::MAX_MODEL_FILE_BYTES)
+                .map_err(|e| Error::invalid(format!("cannot read {}: {e}", file.display())))?;
         let engine = self.engines.get(false)?;
         let (component, _) = self
             .engines
@@ -364,7 +369,11 @@ impl Backend for WasmBackend {
                 || "plugin".to_string(),
                 |n| n.to_string_lossy().into_owned(),
             );
-        let wasm = std::fs::read(model_file).map_err(|e| {
+        let wasm = wisp_core::repository::read_regular(
+            model_file,
+            wisp_core::repository::MAX_MODEL_FILE_BYTES,
+        )
+        .map_err(|e| {
             Error::invalid(format!(
                 "model '{name}': cannot read {}: {e}",
                 model_file.display()

@@ -1418,10 +1418,12 @@ fn check_tensor(
 
 /// Reads a labels file: one label per line.
 pub fn read_labels(path: &Path) -> std::io::Result<Vec<String>> {
-    Ok(std::fs::read_to_string(path)?
-        .lines()
-        .map(|l| l.trim_end_matches('\r').to_string())
-        .collect())
+    Ok(
+        crate::repository::read_regular_text(path, crate::repository::MAX_SMALL_FILE_BYTES)?
+            .lines()
+            .map(|l| l.trim_end_matches('\r').to_string())
+            .collect(),
+    )
 }
 
 #[cfg(test)]
