@@ -277,7 +277,16 @@ struct Pending {
     /// Writes so far with log_frequency 0.
     flushes: u64,
     log_frequency: u64,
+    /// The files written and still kept, oldest first, with their sizes.
+    kept: std::collections::VecDeque<(String, u64)>,
 }
+
+/// Trace files one server keeps at most: a client may set `log_frequency` to 1 and make one
+/// file per request, so the oldest files are removed as new ones are written.
+pub const MAX_TRACE_FILES: usize = 64;
+
+/// Bytes of trace files one server keeps at most (the newest file is always kept).
+pub const MAX_TRACE_FILE_BYTES: u64 = 256 << 20;
 
 /// The server's trace settings and the traces waiting to be written or exported.
 #[derive(Default)]
@@ -614,6 +623,19 @@ fn write_pending(p: &mut Pending) {
     body.push(b']');
     if let Err(e) = write_whole(Path::new(&path), &body) {
         tracing::error!(path, error = %e, "cannot write the trace file");
+        return;
+    }
+    p.kept.retain(|(kept, _)| *kept != path);
+    p.kept.push_back((path, body.len() as u64));
+    let mut total: u64 = p.kept.iter().map(|(_, n)| n).sum();
+    while p.kept.len() > MAX_TRACE_FILES || (total > MAX_TRACE_FILE_BYTES && p.kept.len() > 1) {
+        let Some((old, n)) = p.kept.pop_front() else {
+            break;
+        };
+        total -= n;
+        if let Err(e) = std::fs::remove_file(&old) {
+            tracing::warn!(path = old, error = %e, "cannot remove an old trace file");
+        }
     }
 }
 
@@ -625,10 +647,25 @@ fn write_whole(path: &Path, body: &[u8]) -> std::io::Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let partial = path.with_file_name(format!(".{name}.partial"));
-    std::fs::write(&partial, body)?;
-    std::fs::rename(&partial, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&partial);
-    })
+    // A leftover (or a link planted there) is removed, not followed; the new file is created
+    // afresh (O_EXCL) without following links, and the rename replaces a link at `path`
+    // rather than writing through it.
+    match std::fs::remove_file(&partial) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut opts, libc::O_NOFOLLOW);
+    let written = opts
+        .open(&partial)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, body));
+    written
+        .and_then(|()| std::fs::rename(&partial, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&partial);
+        })
 }
 
 #[cfg(test)]
@@ -723,6 +760,52 @@ mod tests {
         assert!(
             names.iter().all(|n| !n.ends_with(".partial")),
             "files are renamed into place: {names:?}"
+        );
+    }
+
+    /// `log_frequency` 1 makes a file per trace: only the newest [`MAX_TRACE_FILES`] stay.
+    #[test]
+    fn old_trace_files_are_removed_past_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("trace.json").display().to_string();
+        let mut s = on(&file);
+        s.rate = 1;
+        s.count = -1;
+        s.log_frequency = 1;
+        let t = TraceControl::new(s, None);
+        let n = MAX_TRACE_FILES + 10;
+        for _ in 0..n {
+            let tr = t.sample("m", 1, "", None).unwrap();
+            tr.mark("REQUEST_START");
+            t.finish(&tr);
+        }
+        t.flush();
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), MAX_TRACE_FILES, "{names:?}");
+        assert!(!names.contains(&"trace.json.0".to_string()), "{names:?}");
+        assert!(
+            names.contains(&format!("trace.json.{}", n - 1)),
+            "{names:?}"
+        );
+    }
+
+    /// A link planted where the partial file goes is replaced, not written through.
+    #[test]
+    fn a_planted_link_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join(".trace.json.partial")).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("trace.json")).unwrap();
+        write_whole(&dir.path().join("trace.json"), b"[1]").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(
+            std::fs::read(dir.path().join("trace.json")).unwrap(),
+            b"[1]"
         );
     }
 
