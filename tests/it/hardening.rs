@@ -754,6 +754,64 @@ async fn a_body_below_the_minimum_data_rate_is_cut_and_a_steady_one_is_served() 
     server.shutdown().await.unwrap();
 }
 
+/// Sixteen gzip bodies of about 60 KB at once, each inflating to 60 MB (KServe and OpenAI
+/// embeddings bodies alike): each is charged to the in-flight budget as it inflates, so the
+/// burst stops at the budget with 503s, instead of inflating all sixteen (about +0.9 GB) and
+/// refusing them afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_bodies_are_charged_as_they_inflate() {
+    let budget = 128u64 << 20;
+    let child = spawn_wisp(
+        &fixture_repo(),
+        &["--max-inflight-bytes", &budget.to_string()],
+        None,
+    );
+    let (pid, addr) = (child.pid(), child.http);
+    let mut c = connect_when_up(addr).await;
+    still_serves(&mut c).await;
+    let before = peak_rss_bytes(pid);
+    let mut json =
+        String::from(r#"{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,16],"data":["#);
+    while json.len() < 60 << 20 {
+        json.push_str("1,");
+    }
+    json.push_str(r#"1]}]}"#);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut gz, json.as_bytes()).unwrap();
+    let gz = gz.finish().unwrap();
+    drop(json);
+    let mut sends = Vec::new();
+    for i in 0..16 {
+        let gz = gz.clone();
+        let path = if i % 2 == 0 {
+            "/v2/models/add_sub/infer"
+        } else {
+            "/v1/embeddings"
+        };
+        sends.push(tokio::spawn(async move {
+            let mut c = Client::connect(addr).await.unwrap();
+            c.send("POST", path, &[("content-encoding", "gzip".into())], gz)
+                .await
+                .map(|r| r.status)
+        }));
+    }
+    let mut refused = 0;
+    for s in sends {
+        let status = s.await.unwrap().unwrap();
+        assert!(matches!(status, 400 | 413 | 503), "{status}");
+        refused += usize::from(status == 503);
+    }
+    assert!(refused > 0, "no request met the budget");
+    let grew = peak_rss_bytes(pid).saturating_sub(before);
+    assert!(
+        grew < 3 * budget + (64 << 20),
+        "peak memory grew {} MB with a {} MB budget",
+        grew >> 20,
+        budget >> 20
+    );
+    still_serves(&mut c).await;
+}
+
 /// The real `wisp` program in its own process, so its memory is its own: a 60 MB JSON array
 /// (sent gzip'd, about 60 KB on the wire) once cost 1.3 GB of RSS before its 400 came back. Now
 /// `data` goes straight from text to typed bytes and stops at the shape's count, so the peak
@@ -1017,7 +1075,7 @@ async fn every_bad_setting_is_reported_before_models_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_in_flight_budget_refuses_what_does_not_fit() {
     let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
-        s.max_inflight_bytes = 64 << 10;
+        s.max_inflight_bytes = Some(64 << 10);
     })
     .await;
     let mut c = Client::connect(server.http_addr()).await.unwrap();

@@ -346,6 +346,10 @@ impl Core {
             anyhow::bail!("some models failed to load and --exit-on-error is set");
         }
         let trace = &resolved.trace;
+        let inflight_budget = settings.max_inflight_bytes.unwrap_or_else(|| {
+            crate::settings::default_max_inflight_bytes(crate::settings::cgroup_memory_max())
+        });
+        tracing::info!(bytes = inflight_budget, "in-flight request memory budget");
         let service = Arc::new(service::Service {
             registry: registry.clone(),
             cache,
@@ -353,7 +357,7 @@ impl Core {
             control_mode: settings.model_control_mode,
             signed_only: settings.require_signed_models,
             budget: Arc::new(tokio::sync::Semaphore::new(
-                usize::try_from(settings.max_inflight_bytes / 1024)
+                usize::try_from(inflight_budget / 1024)
                     .unwrap_or(usize::MAX)
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),

@@ -13,6 +13,24 @@ pub const DEFAULT_HTTP_PORT: u16 = 8000;
 /// Default maximum HTTP request body, after decompression (Triton's 64 MB).
 pub const DEFAULT_HTTP_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
 
+/// The in-flight budget without a cgroup limit (2 GiB).
+pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 2 << 30;
+
+/// Default `--max-inflight-bytes`: 2 GiB, or half of `cgroup_max` (the cgroup's
+/// `memory.max`, when it has one) when that is less, and at least 16 MiB.
+pub fn default_max_inflight_bytes(cgroup_max: Option<u64>) -> u64 {
+    cgroup_max.map_or(DEFAULT_MAX_INFLIGHT_BYTES, |max| {
+        (max / 2).clamp(16 << 20, DEFAULT_MAX_INFLIGHT_BYTES)
+    })
+}
+
+/// The cgroup's `memory.max` (cgroup v2), when it is a number (not `max`).
+pub fn cgroup_memory_max() -> Option<u64> {
+    wisp_core::repository::read_regular_text(std::path::Path::new("/sys/fs/cgroup/memory.max"), 64)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+}
+
 /// Default `--shm-key-prefix`: shm keys must start `/wisp`.
 pub const DEFAULT_SHM_KEY_PREFIX: &str = "wisp";
 
@@ -202,10 +220,12 @@ pub struct Settings {
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub grpc_max_concurrent_streams: u32,
 
-    /// Memory that requests being decoded may take at once, in bytes (estimated from each
-    /// body); past it, inference requests get 503 / RESOURCE_EXHAUSTED until others finish.
-    #[arg(long, default_value_t = 2 << 30)]
-    pub max_inflight_bytes: u64,
+    /// Memory that requests being decoded may take at once, in bytes (charged as each body
+    /// arrives and inflates, then estimated for its decoded tensors); past it, inference
+    /// requests get 503 / RESOURCE_EXHAUSTED until others finish. Default: 2 GiB, or half the
+    /// cgroup's `memory.max` (systemd's `MemoryMax`) when that is less.
+    #[arg(long)]
+    pub max_inflight_bytes: Option<u64>,
 
     /// The prefix every system shared memory key must start with after its `/` (Triton
     /// clients name keys as they like; only objects named this way can be registered). An
@@ -503,6 +523,15 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_inflight_budget_follows_the_cgroup_limit() {
+        assert_eq!(default_max_inflight_bytes(None), 2 << 30);
+        // systemd's MemoryMax=1G (the Debian unit): half of it.
+        assert_eq!(default_max_inflight_bytes(Some(1 << 30)), 512 << 20);
+        assert_eq!(default_max_inflight_bytes(Some(64 << 30)), 2 << 30);
+        assert_eq!(default_max_inflight_bytes(Some(1 << 20)), 16 << 20);
+    }
 
     #[test]
     fn triton_flags_parse() {

@@ -30,7 +30,7 @@ use crate::metrics::Metrics;
 use crate::models::Registry;
 use crate::service::control::LoadRequest;
 use crate::service::query::{Duration, TensorMetadata, VersionStats};
-use crate::service::Service;
+use crate::service::{Charge, Service};
 use error::ApiError;
 
 /// The header carrying the JSON length when binary tensor data follows it.
@@ -195,12 +195,19 @@ fn model_config(app: &AppState, model: &str, version: Option<&str>) -> ApiResult
 }
 
 /// Reads the body within `app.body_timeout`, bounded by `app.max_input_size`; a compressed body
-/// is decoded on the blocking pool.
-async fn read_body(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, Error> {
+/// is decoded on the blocking pool. The body is charged to the in-flight budget as it arrives
+/// and as it inflates, before the memory is spent: the returned charge covers what it holds
+/// (a gzip bomb stops at the budget, with 503, not after it has inflated).
+async fn read_body(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Bytes, Charge), Error> {
     let secs = app.body_timeout.as_secs();
+    let mut charge = Charge::new(&app.service.budget);
     let raw = tokio::time::timeout(
         app.body_timeout,
-        read_raw(headers, body, app.max_input_size),
+        read_raw(headers, body, app.max_input_size, &mut charge),
     )
     .await
     .map_err(|_| {
@@ -210,12 +217,15 @@ async fn read_body(app: &AppState, headers: &HeaderMap, body: Body) -> Result<By
         ))
     })??;
     match raw {
-        Raw::Plain(b) => Ok(b),
+        Raw::Plain(b) => Ok((b, charge)),
         Raw::Compressed(b, kind) => {
             let limit = app.max_input_size;
-            tokio::task::spawn_blocking(move || decompress(&b, kind, limit))
-                .await
-                .map_err(|_| Error::internal("decompression panicked"))?
+            tokio::task::spawn_blocking(move || {
+                let out = decompress(&b, kind, limit, &mut charge)?;
+                Ok((out, charge))
+            })
+            .await
+            .map_err(|_| Error::internal("decompression panicked"))?
         }
     }
 }
@@ -232,48 +242,107 @@ enum Compression {
     Deflate,
 }
 
-fn decompress(raw: &[u8], kind: Compression, limit: usize) -> Result<Bytes, Error> {
-    let decoder: Box<dyn Read + '_> = match kind {
+/// Inflates `raw` up to `limit` bytes, charging `charge` for the compressed and inflated bytes
+/// together as the output grows, a chunk at a time.
+fn decompress(
+    raw: &[u8],
+    kind: Compression,
+    limit: usize,
+    charge: &mut Charge,
+) -> Result<Bytes, Error> {
+    const CHUNK: usize = 64 * 1024;
+    let mut decoder: Box<dyn Read + '_> = match kind {
         Compression::Gzip => Box::new(flate2::read::GzDecoder::new(raw)),
         Compression::Deflate => Box::new(flate2::read::ZlibDecoder::new(raw)),
     };
-    let mut out = Vec::new();
-    decoder
-        .take(limit as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| Error::invalid(format!("cannot decompress request body: {e}")))?;
-    if out.len() > limit {
-        return Err(Error::too_large(format!(
-            "request body exceeds the maximum of {limit} bytes (--http-max-input-size)"
-        )));
-    }
-    Ok(out.into())
-}
-
-/// Reads the raw body, bounded by `limit`.
-async fn read_raw(headers: &HeaderMap, body: Body, limit: usize) -> Result<Raw, Error> {
     let too_big = || {
         Error::too_large(format!(
             "request body exceeds the maximum of {limit} bytes (--http-max-input-size)"
         ))
     };
-    if let Some(len) = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        if len > limit {
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        if out.len() > limit {
             return Err(too_big());
         }
-    }
-    let raw = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let msg = e.to_string();
-        if msg.contains("length limit") {
-            too_big()
-        } else {
-            Error::invalid(format!("cannot read request body: {msg}"))
+        let at = out.len();
+        if out.capacity() < at + CHUNK {
+            // Grown by doubling, as Vec would, but charged before it is allocated.
+            let cap = (out.capacity() * 2).max(at + CHUNK).min(limit + CHUNK + 1);
+            charge.grow_to((raw.len() + cap) as u64)?;
+            out.reserve_exact(cap - at);
         }
-    })?;
+        out.resize(at + CHUNK, 0);
+        let n = match decoder.read(&mut out[at..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
+            Err(e) => {
+                return Err(Error::invalid(format!(
+                    "cannot decompress request body: {e}"
+                )))
+            }
+        };
+        out.truncate(at + n);
+        if n == 0 {
+            break;
+        }
+    }
+    if out.len() > limit {
+        return Err(too_big());
+    }
+    Ok(out.into())
+}
+
+/// Reads the raw body, bounded by `limit`, charging `charge` for each frame as it arrives.
+async fn read_raw(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    charge: &mut Charge,
+) -> Result<Raw, Error> {
+    use http_body_util::BodyExt;
+    let too_big = || {
+        Error::too_large(format!(
+            "request body exceeds the maximum of {limit} bytes (--http-max-input-size)"
+        ))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(too_big());
+    }
+    let mut body = body;
+    let mut first: Option<Bytes> = None;
+    let mut rest: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Error::invalid(format!("cannot read request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let held = first.as_ref().map_or(0, Bytes::len) + rest.len();
+        if held + data.len() > limit {
+            return Err(too_big());
+        }
+        charge.grow_to((held + data.len()) as u64)?;
+        match &first {
+            // One frame is kept as it came (no copy), as most bodies are one frame.
+            None => first = Some(data),
+            Some(f) => {
+                if rest.is_empty() {
+                    rest.reserve(declared.unwrap_or(0).max(f.len() + data.len()));
+                    rest.extend_from_slice(f);
+                }
+                rest.extend_from_slice(&data);
+            }
+        }
+    }
+    let raw = match (first, rest.is_empty()) {
+        (Some(f), true) => f,
+        (None, _) => Bytes::new(),
+        (Some(_), false) => Bytes::from(rest),
+    };
     let encoding = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
@@ -316,8 +385,8 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
         ),
     };
     let received = std::time::Instant::now();
-    let body = read_body(app, &parts.headers, body).await?;
-    let _budget = app.service.admit(decode_cost(body.len(), header_len))?;
+    let (body, mut budget) = read_body(app, &parts.headers, body).await?;
+    budget.grow_to(decode_cost(body.len(), header_len))?;
     let json_len = header_len.map_or(body.len(), |n| n.min(body.len()));
     let decoded = if json_len > INLINE_DECODE_BYTES {
         let sig = m.signature.clone();
@@ -422,7 +491,7 @@ pub fn metrics_router(metrics: Arc<Metrics>, registry: Arc<Registry>) -> axum::R
 /// Reads an optional JSON object body (empty body = `{}`).
 async fn json_body(app: &AppState, req: Request) -> Result<serde_json::Map<String, Value>, Error> {
     let (parts, body) = req.into_parts();
-    let bytes = read_body(app, &parts.headers, body).await?;
+    let (bytes, _charge) = read_body(app, &parts.headers, body).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(serde_json::Map::new());
     }

@@ -241,9 +241,10 @@ struct Answer {
 async fn embeddings(app: &AppState, req: Request) -> Result<Response, ApiFailure> {
     let received = std::time::Instant::now();
     let (parts, body) = req.into_parts();
-    let body = read_body(app, &parts.headers, body).await?;
-    // The texts become one tensor per chunk: about the body's size again.
-    let _budget = app.service.admit((body.len() as u64).saturating_mul(2))?;
+    let (body, mut budget) = read_body(app, &parts.headers, body).await?;
+    // Parsing builds a JSON value tree, up to 16 times the text (`[1,1,…]`: 32 bytes a value
+    // for 2 bytes of text), before the texts become one tensor per chunk: charged first.
+    budget.grow_to((body.len() as u64).saturating_mul(16))?;
     // A large body is parsed on the blocking pool, as KServe bodies are decoded, so that it
     // cannot stall health checks.
     let parsed = if body.len() > super::INLINE_DECODE_BYTES {

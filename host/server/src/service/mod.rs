@@ -70,6 +70,50 @@ pub struct Service {
     pub(crate) remotes: crate::Remotes,
 }
 
+/// A request's share of the in-flight budget, grown as its memory grows (a body as it arrives
+/// or inflates), so that memory is charged before it is spent.
+pub struct Charge {
+    budget: Arc<tokio::sync::Semaphore>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    kib: u32,
+}
+
+impl Charge {
+    /// Nothing charged yet.
+    pub fn new(budget: &Arc<tokio::sync::Semaphore>) -> Self {
+        Charge {
+            budget: budget.clone(),
+            permit: None,
+            kib: 0,
+        }
+    }
+
+    /// Charges up to `bytes` in all (nothing when as much is charged already); when the budget
+    /// cannot cover it, RESOURCE_EXHAUSTED (HTTP 503), and what was charged stays until drop.
+    pub fn grow_to(&mut self, bytes: u64) -> wisp_core::Result<()> {
+        let want = u32::try_from(bytes / 1024 + 1).unwrap_or(u32::MAX);
+        if want <= self.kib {
+            return Ok(());
+        }
+        let more = self
+            .budget
+            .clone()
+            .try_acquire_many_owned(want - self.kib)
+            .map_err(|_| {
+                tracing::warn!(bytes, "request refused: the in-flight memory budget is spent");
+                wisp_core::Error::exhausted(
+                    "the server is at its in-flight request memory budget (--max-inflight-bytes); retry later",
+                )
+            })?;
+        match &mut self.permit {
+            Some(p) => p.merge(more),
+            None => self.permit = Some(more),
+        }
+        self.kib = want;
+        Ok(())
+    }
+}
+
 impl Service {
     /// Reserves `bytes` of the in-flight budget for one request until the permit drops; when
     /// the budget is spent the request is refused (HTTP 503, gRPC RESOURCE_EXHAUSTED) instead
