@@ -108,11 +108,94 @@ fn io_spec(v: &pb::ValueInfoProto) -> IoSpec {
     }
 }
 
+/// An ONNX file's protobuf, from its bytes read once (bounded, a regular file only), not from
+/// a mapping of the file, which would fault if the file shrank meanwhile.
+fn read_proto(file: &Path) -> Result<pb::ModelProto> {
+    let bytes =
+        wisp_core::repository::read_regular(file, wisp_core::repository::MAX_MODEL_FILE_BYTES)
+            .map_err(|e| {
+                Error::invalid(format!("cannot read ONNX file {}: {e}", file.display()))
+            })?;
+    tract_onnx::onnx()
+        .proto_model_for_read(&mut bytes.as_slice())
+        .map_err(|e| Error::invalid(format!("cannot read ONNX file {}: {e}", file.display())))
+}
+
+/// What tract computes wrongly, found by ONNX's own backend test cases through
+/// `./dev test engines` (`benches/2026-12-04-engines.md`): a model using any of these is
+/// refused at load on tract, naming the operator, rather than answered wrongly. ONNX Runtime
+/// serves them.
+fn tract_gets_wrong(node: &pb::NodeProto, has_fp16: bool) -> Option<String> {
+    let attr = |name: &str| node.attribute.iter().find(|a| a.name == name);
+    let text = |name: &str| attr(name).map(|a| String::from_utf8_lossy(&a.s).into_owned());
+    let input = |i: usize| node.input.get(i).is_some_and(|n| !n.is_empty());
+    let why = match node.op_type.as_str() {
+        "GRU" | "LSTM" | "RNN" if text("direction").as_deref() == Some("reverse") => {
+            "direction 'reverse'".to_string()
+        }
+        "GRU" if text("direction").as_deref() == Some("bidirectional") => {
+            "direction 'bidirectional'".to_string()
+        }
+        "GRU" | "LSTM" | "RNN" if input(4) => "a sequence_lens input".to_string(),
+        "BitShift" => "shifts by a negative amount or past the width".to_string(),
+        "Celu" if has_fp16 => "FLOAT16 tensors".to_string(),
+        "SpaceToDepth" if text("mode").is_some_and(|m| m != "DCR") => {
+            format!("mode '{}'", text("mode").unwrap_or_default())
+        }
+        "Swish" if attr("alpha").is_some_and(|a| a.f != 1.0) => "an alpha other than 1".to_string(),
+        "Attention"
+            if attr("left_window_size").is_some() || attr("right_window_size").is_some() =>
+        {
+            "a local attention window".to_string()
+        }
+        "Attention" if attr("is_causal").is_some_and(|a| a.i != 0) && input(4) => {
+            "is_causal and a past key".to_string()
+        }
+        "Resize" if text("coordinate_transformation_mode").as_deref() == Some("align_corners") => {
+            "coordinate_transformation_mode 'align_corners'".to_string()
+        }
+        "MaxUnpool" if input(2) => "an output_shape input".to_string(),
+        _ => return None,
+    };
+    Some(format!(
+        "tract computes ONNX {} with {why} wrongly; serve this model with --onnx-engine onnxruntime",
+        node.op_type
+    ))
+}
+
+/// The first node of `graph` (or of a graph nested in a node's attributes) that tract gets
+/// wrong, as the reason to refuse the model.
+fn known_wrong(graph: &pb::GraphProto, has_fp16: bool) -> Option<String> {
+    graph.node.iter().find_map(|node| {
+        tract_gets_wrong(node, has_fp16).or_else(|| {
+            node.attribute
+                .iter()
+                .flat_map(|a| a.g.iter().chain(a.graphs.iter()))
+                .find_map(|g| known_wrong(g, has_fp16))
+        })
+    })
+}
+
+/// Whether any declared tensor of `graph` is FLOAT16.
+fn declares_fp16(graph: &pb::GraphProto) -> bool {
+    let fp16 = |v: &pb::ValueInfoProto| {
+        matches!(
+            v.r#type.as_ref().and_then(|t| t.value.as_ref()),
+            Some(pb::type_proto::Value::TensorType(t)) if t.elem_type == 10
+        )
+    };
+    graph
+        .input
+        .iter()
+        .chain(&graph.output)
+        .chain(&graph.value_info)
+        .any(fp16)
+        || graph.initializer.iter().any(|t| t.data_type == 10)
+}
+
 /// The inputs (initializers excluded) and outputs an ONNX file declares.
 pub(crate) fn describe(file: &Path) -> Result<ModelIo> {
-    let proto = tract_onnx::onnx()
-        .proto_model_for_path(file)
-        .map_err(|e| Error::invalid(format!("cannot read ONNX file {}: {e}", file.display())))?;
+    let proto = read_proto(file)?;
     let graph = proto
         .graph
         .as_ref()
@@ -186,6 +269,13 @@ pub(crate) struct TractModel {
 
 impl TractModel {
     pub(crate) fn load(file: &Path, spec: &Spec) -> Result<Self> {
+        let proto = read_proto(file)?;
+        if let Some(graph) = &proto.graph {
+            if let Some(why) = known_wrong(graph, declares_fp16(graph)) {
+                return Err(Error::unsupported(why));
+            }
+        }
+        drop(proto);
         let model = onnx()
             .model_for_path(file)
             .map_err(|e| Error::invalid(format!("tract cannot load {}: {e:#}", file.display())))?;
