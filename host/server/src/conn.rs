@@ -4,7 +4,7 @@
 //!
 //! - **Connection cap**: a listener's connections hold permits of a [`Gate`]. When a connection
 //!   arrives and none is free, the worst connection is closed to make room
-//!   ([`Gate::evict_worst`]): the one unanswered longest among those still sending a request or
+//!   (`Gate::evict_worst`): the one unanswered longest among those still sending a request or
 //!   with none in flight, unless it has shown that it sends at least the minimum data rate.
 //!   So a flood of idle or trickling connections cannot lock out a health check, while a
 //!   connection waiting for its model is never cut. If no connection qualifies, the new one is
