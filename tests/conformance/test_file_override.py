@@ -120,3 +120,17 @@ def test_a_failed_shipped_reload_keeps_the_old_version(explicit):
     assert shipped_dirs() == before, "the failed shipment is removed, the serving one kept"
     np.testing.assert_allclose(add_sub(httpclient, c, "keeper"), 2 * np.arange(16).reshape(1, 16))
     c.unload_model("keeper")
+
+
+def test_a_garbage_upload_does_not_make_the_server_unready(explicit):
+    """Readiness as Triton's --strict-readiness has it: only live (ready) versions count, so a
+    load request shipping a garbage model fails with its reason, the model is UNAVAILABLE, and
+    /v2/health/ready still answers 200 (it used to answer 503 until the model was unloaded)."""
+    c = httpclient.InferenceServerClient(url=explicit["url"])
+    assert c.is_server_ready()
+    expect_refusal(lambda: c.load_model("garbage", config=CONFIG, files={"file:1/model.onnx": b"not onnx"}),
+                   "failed to load 'garbage'")
+    assert not c.is_model_ready("garbage")
+    assert c.is_server_ready()
+    np.testing.assert_allclose(add_sub(httpclient, c, "add_sub"), 2 * np.arange(16).reshape(1, 16))
+    c.unload_model("garbage")

@@ -354,6 +354,12 @@ impl Core {
             registry: registry.clone(),
             cache,
             strict_readiness: settings.strict_readiness,
+            startup_failures: registry
+                .models()
+                .into_iter()
+                .filter(|(_, e)| !e.is_ready())
+                .map(|(name, _)| name)
+                .collect(),
             control_mode: settings.model_control_mode,
             signed_only: settings.require_signed_models,
             budget: Arc::new(tokio::sync::Semaphore::new(

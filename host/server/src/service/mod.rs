@@ -53,6 +53,11 @@ pub struct Service {
     pub cache: Option<Arc<ResponseCache>>,
     /// Ready only if every model is ready (`--strict-readiness`).
     pub strict_readiness: bool,
+    /// The models that failed to load at start-up: under strict readiness the server is not
+    /// ready while one of them stays loaded and not ready (Triton would have exited). A model
+    /// that fails a later load, or a load request's upload, does not change readiness, as in
+    /// Triton, where only live (ready) versions count.
+    pub startup_failures: Vec<String>,
     /// Model control mode (load/unload allowed only in explicit mode).
     pub control_mode: ControlMode,
     /// `--require-signed-models`: a load request may not replace a model's (signed) config.

@@ -160,9 +160,14 @@ impl Service {
         }
     }
 
-    /// Whether the server is ready (every model, under `--strict-readiness`).
+    /// Whether the server is ready: under `--strict-readiness`, unless a model that failed to
+    /// load at start-up is still loaded and not ready (see `Service::startup_failures`).
     pub fn server_ready(&self) -> bool {
-        !self.strict_readiness || self.registry.all_ready()
+        !self.strict_readiness
+            || self
+                .startup_failures
+                .iter()
+                .all(|name| self.registry.entry(name).ok().is_none_or(|e| e.is_ready()))
     }
 
     /// Whether a model (version) is ready, as Triton answers it: a model or version that is
