@@ -120,41 +120,115 @@ impl Engines {
     }
 
     /// Compiles `wasm` (a component) for `engine`, or loads it from the cache.
+    ///
+    /// A cache entry is native code, run as it is, so the cache is used only from a directory
+    /// this process's user owns with no access for anyone else (it is created so, and one that
+    /// is ours but open to others is closed to mode 0700), and an entry is loaded only if its
+    /// digest file binds it to this component and engine: the entry's name is the SHA-256 of
+    /// the wasmtime version, the engine's settings and the component, and the digest file
+    /// repeats that key beside the SHA-256 of the artifact's bytes. An entry copied over
+    /// another's, or changed, is compiled afresh. What was checked is what is loaded: the
+    /// artifact is read once, hashed, and deserialized from those bytes.
     pub fn compile(&self, engine: &Engine, wasm: &[u8]) -> Result<(Component, CompileSource)> {
-        let Some(dir) = &self.cache_dir else {
-            let component = Component::new(engine, wasm)
-                .map_err(|e| Error::invalid(format!("not a valid WebAssembly component: {e:#}")))?;
-            return Ok((component, CompileSource::Compiled));
+        let fresh = || {
+            Component::new(engine, wasm)
+                .map_err(|e| Error::invalid(format!("not a valid WebAssembly component: {e:#}")))
         };
-        let path = dir.join(format!("{}.cwasm", cache_key(engine, wasm)));
-        if path.is_file() {
-            match load_cached(engine, &path) {
+        let Some(dir) = &self.cache_dir else {
+            return Ok((fresh()?, CompileSource::Compiled));
+        };
+        if let Err(why) = trusted_dir(dir) {
+            tracing::warn!(dir = %dir.display(), "not using the component cache: {why}");
+            return Ok((fresh()?, CompileSource::Compiled));
+        }
+        let key = cache_key(engine, wasm);
+        let path = dir.join(format!("{key}.cwasm"));
+        let digest_path = dir.join(format!("{key}.digest"));
+        if path.exists() {
+            match load_verified(engine, &path, &digest_path, &key) {
                 Ok(c) => return Ok((c, CompileSource::Cache)),
                 Err(e) => {
-                    tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}")
+                    tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e}")
                 }
             }
         }
         let bytes = engine
             .precompile_component(wasm)
             .map_err(|e| Error::invalid(format!("not a valid WebAssembly component: {e:#}")))?;
-        // Loading from the file maps it (pages shared between versions and processes); if it
-        // could not be written, the bytes in hand are the same artifact.
-        let from_file = match write_atomically(dir, &path, &bytes) {
-            Ok(()) => load_cached(engine, &path).ok(),
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), "cannot write the component cache: {e}");
-                None
-            }
-        };
-        let component = match from_file {
-            Some(c) => c,
-            None => load_precompiled(engine, &bytes).map_err(|e| {
-                Error::internal(format!("cannot load a just-compiled component: {e:#}"))
-            })?,
-        };
+        let digest = format!("{key}\n{}\n", hex(&Sha256::digest(&bytes)));
+        let written = write_atomically(dir, &path, &bytes)
+            .and_then(|()| write_atomically(dir, &digest_path, digest.as_bytes()));
+        if let Err(e) = written {
+            tracing::warn!(dir = %dir.display(), "cannot write the component cache: {e}");
+        }
+        let component = load_precompiled(engine, &bytes).map_err(|e| {
+            Error::internal(format!("cannot load a just-compiled component: {e:#}"))
+        })?;
         Ok((component, CompileSource::Compiled))
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `dir` may hold native code this process runs: created with mode 0700 if missing;
+/// a directory (not a link), owned by this process's user, with no access for group or
+/// others (an own directory with more is closed to 0700).
+fn trusted_dir(dir: &Path) -> std::result::Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| format!("cannot create it: {e}"))?;
+        }
+        let meta = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+        if !meta.is_dir() {
+            return Err("it is not a directory (or is a symbolic link)".into());
+        }
+        let me = std::fs::metadata("/proc/self")
+            .map(|m| m.uid())
+            .map_err(|e| format!("cannot tell this process's user: {e}"))?;
+        if meta.uid() != me {
+            return Err(format!(
+                "it is owned by user {}, not by this process's user {me}",
+                meta.uid()
+            ));
+        }
+        if meta.mode() & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("it is open to other users and cannot be closed: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The cached component at `path`, if `digest_path` names `key` and the SHA-256 of the bytes
+/// read (which are then deserialized, not the file again).
+fn load_verified(
+    engine: &Engine,
+    path: &Path,
+    digest_path: &Path,
+    key: &str,
+) -> std::result::Result<Component, String> {
+    let digest = wisp_core::repository::read_regular_text(digest_path, 256)
+        .map_err(|e| format!("its digest file: {e}"))?;
+    let mut lines = digest.lines();
+    if lines.next() != Some(key) {
+        return Err("its digest file is for another component or engine".into());
+    }
+    let want = lines.next().unwrap_or_default();
+    let bytes =
+        wisp_core::repository::read_regular(path, wisp_core::repository::MAX_MODEL_FILE_BYTES)
+            .map_err(|e| e.to_string())?;
+    if hex(&Sha256::digest(&bytes)) != want {
+        return Err("its bytes do not match its digest (changed or copied over)".into());
+    }
+    load_precompiled(engine, &bytes).map_err(|e| format!("{e:#}"))
 }
 
 fn build_engine(
@@ -305,23 +379,14 @@ fn cache_key(engine: &Engine, wasm: &[u8]) -> String {
 
 #[expect(
     unsafe_code,
-    reason = "wasmtime deserialization of our own cache entries"
-)]
-fn load_cached(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
-    // SAFETY: `deserialize_file` trusts the file to be a component precompiled by this wasmtime
-    // with compatible settings. Only this module writes the cache directory, always through a
-    // temporary file renamed into place (never a partial file), under a name derived from the
-    // wasmtime version and the engine's compatibility hash; wasmtime also checks the artifact's
-    // version and settings header before using it.
-    unsafe { Component::deserialize_file(engine, path) }
-}
-
-#[expect(
-    unsafe_code,
-    reason = "wasmtime deserialization of bytes this engine just compiled"
+    reason = "wasmtime deserialization of artifacts this engine compiled"
 )]
 fn load_precompiled(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Component> {
-    // SAFETY: `bytes` came from `engine.precompile_component` on this very engine, moments ago.
+    // SAFETY: `bytes` came from `engine.precompile_component` on this very engine, moments
+    // ago, or from a cache entry whose SHA-256 matches the digest written beside it, under a
+    // name derived from the wasmtime version, this engine's compatibility hash and the
+    // component, in a directory only this process's user can write (`trusted_dir`); wasmtime
+    // also checks the artifact's version and settings header before using it.
     unsafe { Component::deserialize(engine, bytes) }
 }
 
@@ -420,6 +485,57 @@ mod tests {
         assert_eq!(source, CompileSource::Compiled);
         let (_, source) = native.compile(n, EMPTY_COMPONENT).unwrap();
         assert_eq!(source, CompileSource::Compiled);
+    }
+
+    #[test]
+    fn a_cache_entry_copied_over_another_is_not_loaded() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let engines = Engines::new(
+            Some(dir.path().to_path_buf()),
+            false,
+            false,
+            WasmCompiler::Native,
+        );
+        // Two components holding a core module whose one function returns 1, or 2: two
+        // entries of native code for the same engine, which wasmtime alone would both accept.
+        let returning = |n: u8| -> Vec<u8> {
+            let mut module = b"\0asm\x01\0\0\0".to_vec();
+            module.extend([1, 5, 1, 0x60, 0, 1, 0x7f]); // type: () -> i32
+            module.extend([3, 2, 1, 0]); // one function of that type
+            module.extend([10, 6, 1, 4, 0, 0x41, n, 0x0b]); // i32.const n
+            let mut component = EMPTY_COMPONENT.to_vec();
+            component.extend([1, module.len() as u8]);
+            component.extend(module);
+            component
+        };
+        let (one, two) = (returning(1), returning(2));
+        let engine = engines.get(false).unwrap().clone();
+        engines.compile(&engine, &one).unwrap();
+        engines.compile(&engine, &two).unwrap();
+        let (a, b) = (cache_key(&engine, &one), cache_key(&engine, &two));
+        let entry = |key: &str, ext: &str| dir.path().join(format!("{key}.{ext}"));
+        assert_ne!(
+            std::fs::read(entry(&a, "cwasm")).unwrap(),
+            std::fs::read(entry(&b, "cwasm")).unwrap()
+        );
+        // The artifact copied over the other's: its digest no longer matches.
+        std::fs::copy(entry(&a, "cwasm"), entry(&b, "cwasm")).unwrap();
+        let (_, source) = engines.compile(&engine, &two).unwrap();
+        assert_eq!(source, CompileSource::Compiled);
+        let (_, source) = engines.compile(&engine, &two).unwrap();
+        assert_eq!(source, CompileSource::Cache, "recompiled and cached again");
+        // Artifact and digest both copied: the digest names another component.
+        std::fs::copy(entry(&a, "cwasm"), entry(&b, "cwasm")).unwrap();
+        std::fs::copy(entry(&a, "digest"), entry(&b, "digest")).unwrap();
+        let (_, source) = engines.compile(&engine, &two).unwrap();
+        assert_eq!(source, CompileSource::Compiled);
+        // A cache directory of ours that others may write is closed before it is used.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let (_, source) = engines.compile(&engine, &one).unwrap();
+        assert_eq!(source, CompileSource::Cache);
+        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
     }
 
     #[test]
