@@ -275,10 +275,21 @@ impl TractModel {
                 return Err(Error::unsupported(why));
             }
         }
+        // Built from the bytes just read and checked (tract's own path loader maps the file);
+        // external data, if any, is looked up beside the file as tract does.
+        let cannot = |e: &dyn std::fmt::Display| {
+            Error::invalid(format!("tract cannot load {}: {e:#}", file.display()))
+        };
+        let dir = file.parent().and_then(Path::to_str);
+        let parsed = onnx().parse(&proto, dir).map_err(|e| cannot(&e))?;
+        if !parsed.unresolved_inputs.is_empty() {
+            return Err(cannot(&format!(
+                "inputs not resolved at the top level: {:?}",
+                parsed.unresolved_inputs
+            )));
+        }
         drop(proto);
-        let model = onnx()
-            .model_for_path(file)
-            .map_err(|e| Error::invalid(format!("tract cannot load {}: {e:#}", file.display())))?;
+        let model = parsed.model;
         let io = describe(file)?;
         let m = TractModel {
             model,
