@@ -1,7 +1,8 @@
 //! Property-based fuzzing of everything that decodes a request from the network: the HTTP JSON
-//! and binary-extension decoder, raw binary bodies, tensor `data` text, and the gRPC
+//! and binary-extension decoder, raw binary bodies, tensor `data` text, the gRPC
 //! `ModelInferRequest` decoding (from arbitrary protobuf bytes and from structured requests with
-//! lying shapes and lengths). Each must answer with a request or an error, never a panic or an
+//! lying shapes and lengths, typed contents included), shared-memory parameters and the windows
+//! they name, and OpenAI embeddings bodies. Each must answer with a request or an error, never a panic or an
 //! allocation sized from a claim; a decoded request always holds exactly the bytes its shape
 //! calls for.
 //!
@@ -212,6 +213,106 @@ proptest! {
         }
         if let Ok(d) = crate::grpc::decode(req) {
             d.request.inputs.iter().for_each(consistent);
+        }
+    }
+}
+
+/// A shm object of 4096 bytes for the shm property, removed on drop.
+struct ShmObject(String);
+
+impl ShmObject {
+    fn new() -> Self {
+        let key = format!("/wisp-fuzz-{}", std::process::id());
+        std::fs::write(format!("/dev/shm{key}"), vec![7u8; 4096]).unwrap();
+        ShmObject(key)
+    }
+}
+
+impl Drop for ShmObject {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(format!("/dev/shm{}", self.0));
+    }
+}
+
+fn number() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (0u64..5000).prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(|f| json!(f)),
+        Just(json!("12")),
+        Just(Value::Null),
+        Just(json!([1])),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Shared-memory parameters from a request, and the windows they name in a registered
+    /// 4096-byte region: an error or an exact copy, never a panic or a read past the window.
+    #[test]
+    fn shm_parameters_and_windows_never_panic(
+        region in prop_oneof![Just(json!("r")), Just(json!("")), Just(json!(3)), Just(json!("other"))],
+        offset in proptest::option::of(number()),
+        size in proptest::option::of(number()),
+        out_len in 0usize..5000,
+    ) {
+        let obj = ShmObject::new();
+        let shm = crate::service::shm::SharedMemory::new("wisp-fuzz", 1 << 20);
+        shm.register("r", &obj.0, 0, 4096).unwrap();
+        let mut params = serde_json::Map::new();
+        params.insert("shared_memory_region".into(), region);
+        if let Some(o) = offset {
+            params.insert("shared_memory_offset".into(), o);
+        }
+        if let Some(s) = size {
+            params.insert("shared_memory_byte_size".into(), s);
+        }
+        if let Ok(Some(at)) = crate::service::shm::shm_ref(&params, "input 'x'") {
+            if let Ok(bytes) = shm.read(&at) {
+                prop_assert_eq!(bytes.len(), at.byte_size);
+                prop_assert!(at.offset + at.byte_size <= 4096);
+            }
+            let data = vec![1u8; out_len];
+            if shm.write(&at, &data).is_ok() {
+                prop_assert!(out_len <= at.byte_size && at.offset + out_len <= 4096);
+            }
+        }
+    }
+
+    /// Arbitrary bytes as an OpenAI embeddings body: parsed or refused, never a panic.
+    #[test]
+    fn arbitrary_embeddings_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = crate::http::openai::parse(&body);
+    }
+
+    /// Structured embeddings bodies with every field of the wrong kind in turn: a parsed body
+    /// holds exactly the texts sent.
+    #[test]
+    fn structured_embeddings_bodies_never_panic(
+        model in prop_oneof![Just(json!("m")), Just(json!("")), Just(Value::Null), Just(json!(1))],
+        input in prop_oneof![
+            ".{0,12}".prop_map(Value::from),
+            proptest::collection::vec(".{0,6}", 0..4).prop_map(|v| json!(v)),
+            proptest::collection::vec(scalar(), 0..4).prop_map(Value::Array),
+            Just(json!([[1, 2], [3]])),
+            Just(Value::Null),
+        ],
+        encoding in prop_oneof![Just(json!("float")), Just(json!("base64")), Just(json!("x")), Just(Value::Null)],
+        dimensions in proptest::option::of(number()),
+    ) {
+        let mut body = json!({"model": model, "input": input.clone(), "encoding_format": encoding});
+        if let Some(d) = dimensions {
+            body["dimensions"] = d;
+        }
+        if let Ok(parsed) = crate::http::openai::parse(body.to_string().as_bytes()) {
+            let sent: Vec<String> = match input {
+                Value::String(s) => vec![s],
+                Value::Array(items) => items.iter().map(|v| v.as_str().unwrap().to_string()).collect(),
+                _ => unreachable!("only strings parse"),
+            };
+            prop_assert_eq!(parsed.texts, sent);
         }
     }
 }

@@ -101,14 +101,15 @@ enum Encoding {
 
 /// A parsed `/v1/embeddings` body.
 #[derive(Debug, PartialEq)]
-struct EmbeddingsBody {
+pub(crate) struct EmbeddingsBody {
     model: String,
-    texts: Vec<String>,
+    /// The texts to embed, in order.
+    pub(crate) texts: Vec<String>,
     encoding: Encoding,
     dimensions: Option<u64>,
 }
 
-fn parse(body: &[u8]) -> Result<EmbeddingsBody, ApiFailure> {
+pub(crate) fn parse(body: &[u8]) -> Result<EmbeddingsBody, ApiFailure> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         ApiFailure::invalid_body(format!("the request body is not valid JSON: {e}"))
     })?;
