@@ -119,7 +119,10 @@ impl Backend for OnnxBackend {
             .unwrap_or((self.default_threads / instances).max(1));
         let inter = threads.inter_op.unwrap_or(1);
         let engine: Engine = match &self.ort {
-            Some(ort) => Engine::Ort(ort.prepare(model_file, intra, inter)?),
+            Some(ort) => {
+                tract_engine::check_known_wrong(model_file, tract_engine::KnownWrong::OnnxRuntime)?;
+                Engine::Ort(ort.prepare(model_file, intra, inter)?)
+            }
             None => Engine::Tract(Arc::new(tract_engine::TractModel::load(model_file, &spec)?)),
         };
         Ok(Box::new(OnnxModel { spec, engine }))

@@ -151,10 +151,6 @@ fn tract_gets_wrong(node: &pb::NodeProto, has_fp16: bool) -> Option<String> {
         "Attention" if attr("is_causal").is_some_and(|a| a.i != 0) && input(4) => {
             "is_causal and a past key".to_string()
         }
-        "Resize" if text("coordinate_transformation_mode").as_deref() == Some("align_corners") => {
-            "coordinate_transformation_mode 'align_corners'".to_string()
-        }
-        "MaxUnpool" if input(2) => "an output_shape input".to_string(),
         _ => return None,
     };
     Some(format!(
@@ -163,17 +159,61 @@ fn tract_gets_wrong(node: &pb::NodeProto, has_fp16: bool) -> Option<String> {
     ))
 }
 
-/// The first node of `graph` (or of a graph nested in a node's attributes) that tract gets
-/// wrong, as the reason to refuse the model.
-fn known_wrong(graph: &pb::GraphProto, has_fp16: bool) -> Option<String> {
+/// What ONNX Runtime computes wrongly, found the same way: a model using it is refused at load
+/// on ONNX Runtime, naming the operator. (tract refuses it too: it cannot plan it.)
+fn ort_gets_wrong(node: &pb::NodeProto, _has_fp16: bool) -> Option<String> {
+    let input = |i: usize| node.input.get(i).is_some_and(|n| !n.is_empty());
+    let why = match node.op_type.as_str() {
+        "MaxUnpool" if input(2) => "an output_shape input",
+        _ => return None,
+    };
+    Some(format!(
+        "ONNX Runtime computes ONNX {} with {why} wrongly (ONNX's own test case expects another answer)",
+        node.op_type
+    ))
+}
+
+/// Which engine's table of known wrong answers to check.
+pub(crate) enum KnownWrong {
+    /// `tract_gets_wrong`.
+    Tract,
+    /// `ort_gets_wrong`.
+    OnnxRuntime,
+}
+
+/// The first node of `graph` (or of a graph nested in a node's attributes) that `rule` says
+/// its engine gets wrong, as the reason to refuse the model.
+fn known_wrong(
+    graph: &pb::GraphProto,
+    has_fp16: bool,
+    rule: fn(&pb::NodeProto, bool) -> Option<String>,
+) -> Option<String> {
     graph.node.iter().find_map(|node| {
-        tract_gets_wrong(node, has_fp16).or_else(|| {
+        rule(node, has_fp16).or_else(|| {
             node.attribute
                 .iter()
                 .flat_map(|a| a.g.iter().chain(a.graphs.iter()))
-                .find_map(|g| known_wrong(g, has_fp16))
+                .find_map(|g| known_wrong(g, has_fp16, rule))
         })
     })
+}
+
+/// Refuses a model whose graph uses what `engine` is known to compute wrongly.
+fn refuse_known_wrong(proto: &pb::ModelProto, engine: KnownWrong) -> Result<()> {
+    let rule = match engine {
+        KnownWrong::Tract => tract_gets_wrong,
+        KnownWrong::OnnxRuntime => ort_gets_wrong,
+    };
+    let graph = proto.graph.as_ref();
+    match graph.and_then(|g| known_wrong(g, declares_fp16(g), rule)) {
+        Some(why) => Err(Error::unsupported(why)),
+        None => Ok(()),
+    }
+}
+
+/// Reads `file` and refuses it if it uses what `engine` is known to compute wrongly.
+pub(crate) fn check_known_wrong(file: &Path, engine: KnownWrong) -> Result<()> {
+    refuse_known_wrong(&read_proto(file)?, engine)
 }
 
 /// Whether any declared tensor of `graph` is FLOAT16.
@@ -270,11 +310,7 @@ pub(crate) struct TractModel {
 impl TractModel {
     pub(crate) fn load(file: &Path, spec: &Spec) -> Result<Self> {
         let proto = read_proto(file)?;
-        if let Some(graph) = &proto.graph {
-            if let Some(why) = known_wrong(graph, declares_fp16(graph)) {
-                return Err(Error::unsupported(why));
-            }
-        }
+        refuse_known_wrong(&proto, KnownWrong::Tract)?;
         // Built from the bytes just read and checked (tract's own path loader maps the file);
         // external data, if any, is looked up beside the file as tract does.
         let cannot = |e: &dyn std::fmt::Display| {
