@@ -417,6 +417,11 @@ mod tests {
         assert!(available_memory().is_some_and(|m| m > 0));
     }
 
+    /// Native engines caching under `dir`, without pooling or a perf map.
+    fn native_cached(dir: &Path) -> Arc<Engines> {
+        Engines::new(Some(dir.to_path_buf()), false, false, WasmCompiler::Native)
+    }
+
     #[test]
     fn deadlines_round_up() {
         assert_eq!(deadline_ticks(Duration::ZERO), 2);
@@ -426,12 +431,7 @@ mod tests {
     #[test]
     fn rejects_bytes_that_are_not_a_component() {
         let dir = tempfile::tempdir().unwrap();
-        let engines = Engines::new(
-            Some(dir.path().to_path_buf()),
-            false,
-            false,
-            WasmCompiler::Native,
-        );
+        let engines = native_cached(dir.path());
         let engine = engines.get(false).unwrap().clone();
         let e = engines.compile(&engine, b"not wasm").unwrap_err();
         assert!(e.message().contains("not a valid WebAssembly component"));
@@ -444,12 +444,7 @@ mod tests {
     #[test]
     fn caches_then_loads_from_the_cache() {
         let dir = tempfile::tempdir().unwrap();
-        let engines = Engines::new(
-            Some(dir.path().to_path_buf()),
-            false,
-            false,
-            WasmCompiler::Native,
-        );
+        let engines = native_cached(dir.path());
         let engine = engines.get(false).unwrap().clone();
         let (_, first) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
         let (_, second) = engines.compile(&engine, EMPTY_COMPONENT).unwrap();
@@ -491,12 +486,7 @@ mod tests {
     fn a_cache_entry_copied_over_another_is_not_loaded() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        let engines = Engines::new(
-            Some(dir.path().to_path_buf()),
-            false,
-            false,
-            WasmCompiler::Native,
-        );
+        let engines = native_cached(dir.path());
         // Two components holding a core module whose one function returns 1, or 2: two
         // entries of native code for the same engine, which wasmtime alone would both accept.
         let returning = |n: u8| -> Vec<u8> {
