@@ -812,6 +812,35 @@ async fn gzip_bodies_are_charged_as_they_inflate() {
     still_serves(&mut c).await;
 }
 
+/// A body that declares 60 MB and sends a few bytes: the room its declared length would take is
+/// charged to the in-flight budget before it is reserved, so with a 16 MiB budget the request
+/// is refused with a 503 as soon as its second frame arrives, not held until its body times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_length_is_charged_before_room_is_reserved_for_it() {
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
+        s.max_inflight_bytes = Some(16 << 20);
+    })
+    .await;
+    let addr = server.http_addr();
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 60000000\r\n\r\n{\"inputs\":")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(b" [").await.unwrap();
+    let mut reply = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut reply))
+        .await
+        .expect("answered at once, not after the body timeout")
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply[..n]);
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    assert!(reply.contains("--max-inflight-bytes"), "{reply}");
+    let mut c = Client::connect(addr).await.unwrap();
+    still_serves(&mut c).await;
+    server.shutdown().await.unwrap();
+}
+
 /// The real `wisp` program in its own process, so its memory is its own: a 60 MB JSON array
 /// (sent gzip'd, about 60 KB on the wire) once cost 1.3 GB of RSS before its 400 came back. Now
 /// `data` goes straight from text to typed bytes and stops at the shape's count, so the peak

@@ -266,12 +266,7 @@ fn decompress(
             return Err(too_big());
         }
         let at = out.len();
-        if out.capacity() < at + CHUNK {
-            // Grown by doubling, as Vec would, but charged before it is allocated.
-            let cap = (out.capacity() * 2).max(at + CHUNK).min(limit + CHUNK + 1);
-            charge.grow_to((raw.len() + cap) as u64)?;
-            out.reserve_exact(cap - at);
-        }
+        reserve_charged(&mut out, CHUNK, limit + CHUNK + 1, raw.len(), charge)?;
         out.resize(at + CHUNK, 0);
         let n = match decoder.read(&mut out[at..]) {
             Ok(n) => n,
@@ -291,6 +286,26 @@ fn decompress(
         return Err(too_big());
     }
     Ok(out.into())
+}
+
+/// Makes room in `buf` for `extra` more bytes, charging `charge` for the new capacity (plus
+/// `held` bytes kept elsewhere) before it is allocated: grown by doubling, as `Vec` would,
+/// but never past `most` unless `extra` needs it.
+fn reserve_charged(
+    buf: &mut Vec<u8>,
+    extra: usize,
+    most: usize,
+    held: usize,
+    charge: &mut Charge,
+) -> Result<(), Error> {
+    let need = buf.len() + extra;
+    if buf.capacity() >= need {
+        return Ok(());
+    }
+    let cap = (buf.capacity() * 2).min(most).max(need);
+    charge.grow_to((held + cap) as u64)?;
+    buf.reserve_exact(cap - buf.len());
+    Ok(())
 }
 
 /// Reads the raw body, bounded by `limit`, charging `charge` for each frame as it arrives.
@@ -330,8 +345,12 @@ async fn read_raw(
             // One frame is kept as it came (no copy), as most bodies are one frame.
             None => first = Some(data),
             Some(f) => {
-                if rest.is_empty() {
-                    rest.reserve(declared.unwrap_or(0).max(f.len() + data.len()));
+                // The declared length is room reserved at once, so it is charged first too.
+                let first_len = if rest.is_empty() { f.len() } else { 0 };
+                let extra = first_len + data.len();
+                let want = declared.unwrap_or(0).max(rest.len() + extra) - rest.len();
+                reserve_charged(&mut rest, want, limit, f.len(), charge)?;
+                if first_len > 0 {
                     rest.extend_from_slice(f);
                 }
                 rest.extend_from_slice(&data);
