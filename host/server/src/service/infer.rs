@@ -185,7 +185,7 @@ impl Service {
     async fn read_shm_inputs(
         &self,
         d: &mut Decoded,
-        permit: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+        permit: &mut Option<super::Charge>,
     ) -> Result<()> {
         let windows = d
             .shm_inputs

@@ -120,16 +120,12 @@ impl Charge {
 }
 
 impl Service {
-    /// Reserves `bytes` of the in-flight budget for one request until the permit drops; when
+    /// Reserves `bytes` of the in-flight budget for one request until the returned charge drops; when
     /// the budget is spent the request is refused (HTTP 503, gRPC RESOURCE_EXHAUSTED) instead
     /// of queued, so memory stays bounded under a burst of large requests.
-    pub fn admit(&self, bytes: u64) -> wisp_core::Result<tokio::sync::OwnedSemaphorePermit> {
-        let kib = u32::try_from(bytes / 1024 + 1).unwrap_or(u32::MAX);
-        self.budget.clone().try_acquire_many_owned(kib).map_err(|_| {
-            tracing::warn!(bytes, "request refused: the in-flight memory budget is spent");
-            wisp_core::Error::exhausted(
-                "the server is at its in-flight request memory budget (--max-inflight-bytes); retry later",
-            )
-        })
+    pub fn admit(&self, bytes: u64) -> wisp_core::Result<Charge> {
+        let mut charge = Charge::new(&self.budget);
+        charge.grow_to(bytes)?;
+        Ok(charge)
     }
 }
