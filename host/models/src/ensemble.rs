@@ -277,12 +277,9 @@ impl LoadedModel for EnsembleModel {
 /// wait on itself, naming the cycle (`a -> b -> a`); `None` when `model` is not on the path.
 fn call_cycle(path: &[Arc<str>], model: &str) -> Option<String> {
     let start = path.iter().position(|m| &**m == model)?;
-    let mut cycle: Vec<&str> = path[start..].iter().map(|m| &**m).collect();
-    cycle.push(model);
-    Some(format!(
-        "circular dependency between ensembles: {}",
-        cycle.join(" -> ")
-    ))
+    let mut cycle: Vec<String> = path[start..].iter().map(|m| m.to_string()).collect();
+    cycle.push(model.to_string());
+    Some(super::cycle::message(&cycle))
 }
 
 struct EnsembleInstance {

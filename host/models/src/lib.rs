@@ -275,22 +275,23 @@ impl Registry {
                 dir.name
             )));
         }
-        let cycle = self.cycle_through(dir, config_json);
-        if cycle.is_none() {
+        // A load that would close an ensemble cycle is refused: it goes on as a load whose
+        // entry is broken with that reason, loading nothing.
+        let refused = self
+            .cycle_through(dir, config_json)
+            .map(|c| cycle::message(&c));
+        if refused.is_none() {
             self.load_composing(dir, config_json, depth);
         }
         let slot = self.slot(&dir.name);
         let _guard = slot.lifecycle.lock().expect("model lock");
-        if let Some(cycle) = cycle {
-            return self.refuse(dir, &slot, &cycle::message(&cycle));
-        }
         let files = fingerprint_files(&dir.path);
         let old_files = {
             let mut marks = slot.marks.lock().expect("marks");
             marks.fingerprint = Some(fingerprint(&dir.path));
             marks.files.replace(files)
         };
-        if old_files == Some(files) {
+        if refused.is_none() && old_files == Some(files) {
             match self.try_resize(dir, config_json) {
                 None => {}
                 Some(Ok(())) => {
@@ -313,9 +314,10 @@ impl Registry {
             }
         }
         // Versions rolled back from these very files stay out (a config override is a change).
-        let withheld = match config_json {
-            None => self.withheld.check(&dir.name, &dir.path),
-            Some(_) => {
+        let withheld = match (&refused, config_json) {
+            (Some(_), _) => None,
+            (None, None) => self.withheld.check(&dir.name, &dir.path),
+            (None, Some(_)) => {
                 self.withheld.forget(&dir.name);
                 None
             }
@@ -324,10 +326,14 @@ impl Registry {
         if !skip.is_empty() {
             tracing::warn!(model = %dir.name, versions = ?skip, "versions rolled back for breaching their SLA are withheld until their files change");
         }
-        let entry = load_model(dir, self.backend.as_ref(), &self.opts, config_json, skip);
+        let mut entry = match &refused {
+            Some(why) => ModelEntry::broken(&dir.name, why),
+            None => load_model(dir, self.backend.as_ref(), &self.opts, config_json, skip),
+        };
         let mut models = self.models.write().expect("registry lock");
         // Checked again against what is loaded now: a concurrent load of a step may have
-        // closed a cycle since the check above.
+        // closed a cycle since the check above. (What was loaded is dropped at the end, after
+        // the registry lock.)
         let closed = cycle::find(&dir.name, |m| {
             let composing = match m == dir.name {
                 true => entry.composing(),
@@ -335,11 +341,12 @@ impl Registry {
             };
             composing.into_iter().collect()
         });
-        if let Some(cycle) = closed {
-            drop(models);
-            drop(entry);
-            return self.refuse(dir, &slot, &cycle::message(&cycle));
-        }
+        let _unloaded = closed.map(|c| {
+            std::mem::replace(
+                &mut entry,
+                ModelEntry::broken(&dir.name, cycle::message(&c)),
+            )
+        });
         let old_ready = models.get(&dir.name).is_some_and(|e| e.is_ready());
         if !entry.is_ready() {
             slot.counts.lock().expect("counts").load_failures += 1;
@@ -421,36 +428,6 @@ impl Registry {
             .map(|s| s.model)
             .filter(|m| seen.insert(m.clone()))
             .collect()
-    }
-
-    /// Refuses to load `dir` for `reason` (the lifecycle lock held): a model that was serving
-    /// keeps serving, with the reason as its last reload error; one that was not is listed as
-    /// unavailable, with it.
-    fn refuse(&self, dir: &ModelDir, slot: &Slot, reason: &str) -> Result<()> {
-        tracing::error!(model = %dir.name, %reason, "model load refused");
-        slot.counts.lock().expect("counts").load_failures += 1;
-        // The next load must start afresh, not resize what is loaded in place.
-        slot.marks.lock().expect("marks").files = None;
-        let mut models = self.models.write().expect("registry lock");
-        if models.get(&dir.name).is_some_and(|e| e.is_ready()) {
-            drop(models);
-            let reason = format!("reload failed, previous version still serving: {reason}");
-            slot.marks.lock().expect("marks").reload_error = Some(reason.clone());
-            return Err(Error::invalid(format!(
-                "failed to load '{}': {reason}",
-                dir.name
-            )));
-        }
-        let previous = models.insert(
-            dir.name.clone(),
-            Arc::new(ModelEntry::broken(&dir.name, reason)),
-        );
-        drop(models);
-        drop(previous);
-        Err(Error::invalid(format!(
-            "failed to load '{}': {reason}",
-            dir.name
-        )))
     }
 
     /// After `entry` replaced `previous`: watches `entry` if it declares an SLA, holding the
