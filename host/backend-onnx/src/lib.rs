@@ -90,27 +90,18 @@ impl OnnxBackend {
     }
 }
 
-/// Refuses a model file that is not a regular file within [`MAX_MODEL_FILE_BYTES`] before an
-/// engine opens it by path: a FIFO would block the load for ever, a link to `/dev/zero` would
-/// be read without end.
-///
-/// [`MAX_MODEL_FILE_BYTES`]: wisp_core::repository::MAX_MODEL_FILE_BYTES
-fn check_model_file(model_file: &Path) -> Result<()> {
-    wisp_core::repository::open_regular(model_file, wisp_core::repository::MAX_MODEL_FILE_BYTES)
-        .map(drop)
-        .map_err(|e| Error::invalid(format!("cannot read {}: {e}", model_file.display())))
-}
-
 impl Backend for OnnxBackend {
     fn describe(&self, model_file: &Path) -> Result<ModelIo> {
-        check_model_file(model_file)?;
         tract_engine::describe(model_file)
     }
 
     fn load(&self, model: &ModelSpec, model_file: &Path) -> Result<Box<dyn LoadedModel>> {
-        check_model_file(model_file)?;
         let config = &*model.config;
-        let io = tract_engine::describe(model_file)?;
+        // Read once (a bounded regular file, never a mapping): its inputs and outputs, the
+        // check against what the engine is known to get wrong, and tract's model all come from
+        // these bytes.
+        let proto = tract_engine::read_proto(model_file)?;
+        let io = tract_engine::model_io(model_file, &proto)?;
         let spec = Arc::new(Spec::new(&model.signature, &io)?);
         let instances = config.instance_count().max(1);
         let threads = model.params.onnx;
@@ -120,10 +111,13 @@ impl Backend for OnnxBackend {
         let inter = threads.inter_op.unwrap_or(1);
         let engine: Engine = match &self.ort {
             Some(ort) => {
-                tract_engine::check_known_wrong(model_file, tract_engine::KnownWrong::OnnxRuntime)?;
+                tract_engine::refuse_known_wrong(&proto, tract_engine::KnownWrong::OnnxRuntime)?;
+                drop(proto);
                 Engine::Ort(ort.prepare(model_file, intra, inter)?)
             }
-            None => Engine::Tract(Arc::new(tract_engine::TractModel::load(model_file, &spec)?)),
+            None => Engine::Tract(Arc::new(tract_engine::TractModel::load(
+                model_file, proto, &io, &spec,
+            )?)),
         };
         Ok(Box::new(OnnxModel { spec, engine }))
     }

@@ -110,7 +110,7 @@ fn io_spec(v: &pb::ValueInfoProto) -> IoSpec {
 
 /// An ONNX file's protobuf, from its bytes read once (bounded, a regular file only), not from
 /// a mapping of the file, which would fault if the file shrank meanwhile.
-fn read_proto(file: &Path) -> Result<pb::ModelProto> {
+pub(crate) fn read_proto(file: &Path) -> Result<pb::ModelProto> {
     let bytes =
         wisp_core::repository::read_regular(file, wisp_core::repository::MAX_MODEL_FILE_BYTES)
             .map_err(|e| {
@@ -199,7 +199,7 @@ fn known_wrong(
 }
 
 /// Refuses a model whose graph uses what `engine` is known to compute wrongly.
-fn refuse_known_wrong(proto: &pb::ModelProto, engine: KnownWrong) -> Result<()> {
+pub(crate) fn refuse_known_wrong(proto: &pb::ModelProto, engine: KnownWrong) -> Result<()> {
     let rule = match engine {
         KnownWrong::Tract => tract_gets_wrong,
         KnownWrong::OnnxRuntime => ort_gets_wrong,
@@ -209,11 +209,6 @@ fn refuse_known_wrong(proto: &pb::ModelProto, engine: KnownWrong) -> Result<()> 
         Some(why) => Err(Error::unsupported(why)),
         None => Ok(()),
     }
-}
-
-/// Reads `file` and refuses it if it uses what `engine` is known to compute wrongly.
-pub(crate) fn check_known_wrong(file: &Path, engine: KnownWrong) -> Result<()> {
-    refuse_known_wrong(&read_proto(file)?, engine)
 }
 
 /// Whether any declared tensor of `graph` is FLOAT16.
@@ -235,7 +230,11 @@ fn declares_fp16(graph: &pb::GraphProto) -> bool {
 
 /// The inputs (initializers excluded) and outputs an ONNX file declares.
 pub(crate) fn describe(file: &Path) -> Result<ModelIo> {
-    let proto = read_proto(file)?;
+    model_io(file, &read_proto(file)?)
+}
+
+/// The inputs (initializers excluded) and outputs `proto`, read from `file`, declares.
+pub(crate) fn model_io(file: &Path, proto: &pb::ModelProto) -> Result<ModelIo> {
     let graph = proto
         .graph
         .as_ref()
@@ -308,10 +307,16 @@ pub(crate) struct TractModel {
 }
 
 impl TractModel {
-    pub(crate) fn load(file: &Path, spec: &Spec) -> Result<Self> {
-        let proto = read_proto(file)?;
+    /// The model `proto` (read from `file`, declaring `io`) on tract, unless it uses what tract
+    /// computes wrongly.
+    pub(crate) fn load(
+        file: &Path,
+        proto: pb::ModelProto,
+        io: &ModelIo,
+        spec: &Spec,
+    ) -> Result<Self> {
         refuse_known_wrong(&proto, KnownWrong::Tract)?;
-        // Built from the bytes just read and checked (tract's own path loader maps the file);
+        // Built from the bytes read and checked once (tract's own path loader maps the file);
         // external data, if any, is looked up beside the file as tract does.
         let cannot = |e: &dyn std::fmt::Display| {
             Error::invalid(format!("tract cannot load {}: {e:#}", file.display()))
@@ -326,7 +331,6 @@ impl TractModel {
         }
         drop(proto);
         let model = parsed.model;
-        let io = describe(file)?;
         let m = TractModel {
             model,
             inputs: spec.file_inputs.clone(),
