@@ -206,11 +206,6 @@ impl SharedMemory {
             .ok_or_else(|| unknown(name))
     }
 
-    /// Whether `r` names a registered region and lies within it (before anything is read).
-    pub fn check(&self, r: &ShmRef) -> Result<()> {
-        self.window(r, r.byte_size).map(|_| ())
-    }
-
     /// The first `len` bytes of what `r` names (`len` at most `r.byte_size`), checked to lie
     /// within its region; the region stays open while the window is held, even if it is
     /// unregistered meanwhile.
