@@ -14,9 +14,19 @@
 //! | `sla.min_requests` | requests needed before a breach is judged | 20 | 1 ..= 1 000 000 |
 //!
 //! A model has an SLA when it sets `sla.p99_latency_ms` or `sla.max_error_rate`. Values out of
-//! bounds fail the load, naming the parameter. Latencies are kept in a fixed histogram of
-//! atomics (eight buckets per power of two, so a p99 reads at most 9% high), fed by the
-//! scheduler's per-request observer: recording costs a few atomic adds and no lock.
+//! bounds fail the load, naming the parameter. Latencies are kept in fixed histograms of
+//! atomics (eight buckets per power of two, so a p99 reads at most 9% high), one per size class
+//! of request (inputs' elements, by power of two), fed by the scheduler's per-request observer:
+//! recording costs a few atomic adds and no lock.
+//!
+//! **Latency is judged against the previous version on requests of the same size.** Inference
+//! clients choose their requests' sizes, so an absolute p99 would let any client force a
+//! rollback by sending unusually large requests right after a swap. A latency breach needs a
+//! size class in which the new version has served `sla.min_requests` requests with a p99 over
+//! `sla.p99_latency_ms` and over [`SLOWER_THAN_BEFORE`] times the previous version's p99 on at
+//! least as many requests of that class. Sizes the previous version never served (or a previous
+//! version without an SLA, which kept no histogram) give no latency verdict; the error rate is
+//! judged on every request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,8 +38,14 @@ use super::entry::{ModelEntry, VersionState};
 
 pub use wisp_core::config::params::{Sla, ERROR_RATE_KEY, P99_KEY};
 
-/// Why `seen` breaches `sla`, or `None` when it does not (or is too small to judge).
-pub fn breach(sla: &Sla, seen: &Counts) -> Option<String> {
+/// How much slower than the previous version, on requests of the same size class, the new
+/// version's p99 must be for a latency breach (above the histogram's 9% resolution and noise).
+pub const SLOWER_THAN_BEFORE: f64 = 1.25;
+
+/// Why `seen` (the new version since its swap) breaches `sla`, judged against `before` (the
+/// previous version's whole history) for latency, or `None` when it does not (or is too small
+/// to judge).
+pub fn breach(sla: &Sla, seen: &Counts, before: &Counts) -> Option<String> {
     if seen.total < sla.min_requests {
         return None;
     }
@@ -42,26 +58,81 @@ pub fn breach(sla: &Sla, seen: &Counts) -> Option<String> {
             ));
         }
     }
-    if let Some(max) = sla.p99 {
-        let p99 = seen.quantile(0.99);
-        if p99 > max {
+    let max = sla.p99?;
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    for class in 0..CLASSES {
+        let (new, old) = (seen.class_total(class), before.class_total(class));
+        if new < sla.min_requests || old < sla.min_requests {
+            continue;
+        }
+        let (p99, was) = (
+            seen.class_quantile(class, 0.99),
+            before.class_quantile(class, 0.99),
+        );
+        if p99 > max && p99.as_secs_f64() > was.as_secs_f64() * SLOWER_THAN_BEFORE {
             return Some(format!(
-                "p99 latency {:.1} ms over {P99_KEY} {} over {} requests",
-                p99.as_secs_f64() * 1000.0,
-                max.as_secs_f64() * 1000.0,
-                seen.total
+                "p99 latency {:.1} ms over {P99_KEY} {} on requests of {} input elements ({new} requests), where the previous version's p99 was {:.1} ms ({old} requests)",
+                ms(p99),
+                ms(max),
+                class_range(class),
+                ms(was),
             ));
         }
     }
     None
 }
+
 /// Buckets per power of two of microseconds.
 const PER_OCTAVE: f64 = 8.0;
-/// Up to 2^40 µs (12 days): anything longer shares the last bucket.
-const BUCKETS: usize = 8 * 40;
+/// Up to 2^32 µs (71 minutes): anything longer shares the last bucket.
+const BUCKETS: usize = 8 * 32;
+/// Size classes: requests of 0, 1, 2-3, 4-7, ... input elements; 2^31 and more share the last.
+const CLASSES: usize = 33;
 
-/// Request outcomes of one model version: counts and a latency histogram, fed by the
-/// scheduler's observer.
+/// The size class of a request of `elements` input elements.
+fn class_of(elements: u64) -> usize {
+    ((u64::BITS - elements.leading_zeros()) as usize).min(CLASSES - 1)
+}
+
+/// The sizes `class` holds, for messages.
+fn class_range(class: usize) -> String {
+    match class {
+        0 => "0".into(),
+        1 => "1".into(),
+        c if c == CLASSES - 1 => format!("{} or more", 1u64 << (c - 1)),
+        c => format!("{} to {}", 1u64 << (c - 1), (1u64 << c) - 1),
+    }
+}
+
+/// The bucket of a latency.
+fn bucket_of(took: Duration) -> usize {
+    let us = took.as_secs_f64() * 1e6;
+    if us <= 1.0 {
+        0
+    } else {
+        ((us.log2() * PER_OCTAVE) as usize).min(BUCKETS - 1)
+    }
+}
+
+/// The quantile `q` of a histogram of `total` counts, as its bucket's upper bound.
+fn hist_quantile(total: u64, q: f64, count_at: impl Fn(usize) -> u64) -> Duration {
+    if total == 0 {
+        return Duration::ZERO;
+    }
+    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    let mut seen = 0;
+    for i in 0..BUCKETS {
+        seen += count_at(i);
+        if seen >= rank {
+            let upper_us = 2f64.powf((i + 1) as f64 / PER_OCTAVE);
+            return Duration::from_secs_f64(upper_us / 1e6);
+        }
+    }
+    Duration::MAX
+}
+
+/// Request outcomes of one model version: counts and a latency histogram per size class, fed
+/// by the scheduler's observer.
 pub struct Probe {
     buckets: Box<[AtomicU64]>,
     failed: AtomicU64,
@@ -70,22 +141,17 @@ pub struct Probe {
 impl Default for Probe {
     fn default() -> Self {
         Probe {
-            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            buckets: (0..CLASSES * BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             failed: AtomicU64::new(0),
         }
     }
 }
 
 impl Probe {
-    /// Records one completed request.
-    pub fn record(&self, ok: bool, took: Duration) {
-        let us = took.as_secs_f64() * 1e6;
-        let i = if us <= 1.0 {
-            0
-        } else {
-            ((us.log2() * PER_OCTAVE) as usize).min(BUCKETS - 1)
-        };
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+    /// Records one completed request of `elements` input elements.
+    pub fn record(&self, ok: bool, took: Duration, elements: u64) {
+        self.buckets[class_of(elements) * BUCKETS + bucket_of(took)]
+            .fetch_add(1, Ordering::Relaxed);
         if !ok {
             self.failed.fetch_add(1, Ordering::Relaxed);
         }
@@ -109,7 +175,7 @@ impl Probe {
     pub fn observer(self: &Arc<Self>, next: Option<Observer>) -> Observer {
         let probe = self.clone();
         Arc::new(move |t: &RequestTiming| {
-            probe.record(t.ok, t.total);
+            probe.record(t.ok, t.total, t.elements);
             if let Some(n) = &next {
                 n(t);
             }
@@ -117,7 +183,7 @@ impl Probe {
     }
 }
 
-/// Request outcomes: totals and a latency histogram (see [`Probe`]).
+/// Request outcomes: totals and a latency histogram per size class (see [`Probe`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counts {
     /// Requests completed.
@@ -153,21 +219,27 @@ impl Counts {
         self.failed += other.failed;
     }
 
-    /// The `q` quantile of latency, as its bucket's upper bound (zero when empty).
+    fn at(&self, class: usize, bucket: usize) -> u64 {
+        self.hist
+            .get(class * BUCKETS + bucket)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The `q` quantile of latency over every size, as its bucket's upper bound (zero when
+    /// empty).
     pub fn quantile(&self, q: f64) -> Duration {
-        if self.total == 0 {
-            return Duration::ZERO;
-        }
-        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
-        let mut seen = 0;
-        for (i, n) in self.hist.iter().enumerate() {
-            seen += n;
-            if seen >= rank {
-                let upper_us = 2f64.powf((i + 1) as f64 / PER_OCTAVE);
-                return Duration::from_secs_f64(upper_us / 1e6);
-            }
-        }
-        Duration::MAX
+        hist_quantile(self.total, q, |b| (0..CLASSES).map(|c| self.at(c, b)).sum())
+    }
+
+    /// Requests of size class `class`.
+    fn class_total(&self, class: usize) -> u64 {
+        (0..BUCKETS).map(|b| self.at(class, b)).sum()
+    }
+
+    /// The `q` quantile of latency of size class `class`.
+    fn class_quantile(&self, class: usize, q: f64) -> Duration {
+        hist_quantile(self.class_total(class), q, |b| self.at(class, b))
     }
 }
 
@@ -178,6 +250,9 @@ pub(super) struct Watch {
     pub good: Arc<ModelEntry>,
     /// The new versions' probes, with their readings at the swap.
     pub probes: Vec<(Arc<Probe>, Counts)>,
+    /// What the previous version's probes had recorded at the swap (its whole history), to
+    /// judge the new version's latency on requests of the same sizes.
+    pub before: Counts,
     pub sla: Sla,
     pub started: Instant,
 }
@@ -186,6 +261,14 @@ impl Watch {
     /// A watch of `candidate` (just swapped in) against `good`, when `candidate` declares an
     /// SLA.
     pub fn start(good: Arc<ModelEntry>, candidate: &ModelEntry) -> Option<Watch> {
+        let mut before = Counts::default();
+        for state in good.versions.values() {
+            if let VersionState::Ready(m) = state {
+                if let Some(p) = &m.probe {
+                    before.add(&p.counts());
+                }
+            }
+        }
         let mut sla = None;
         let mut probes = Vec::new();
         for state in candidate.versions.values() {
@@ -199,6 +282,7 @@ impl Watch {
         Some(Watch {
             good,
             probes,
+            before,
             sla: sla?,
             started: Instant::now(),
         })
@@ -228,7 +312,7 @@ impl Watch {
     /// The verdict at `now`.
     pub fn judge(&self, now: Instant) -> Verdict {
         let seen = self.seen();
-        if let Some(why) = breach(&self.sla, &seen) {
+        if let Some(why) = breach(&self.sla, &seen, &self.before) {
             return Verdict::RollBack(why);
         }
         if now.duration_since(self.started) >= self.sla.window {
@@ -268,7 +352,7 @@ mod tests {
     fn quantiles_read_at_most_one_bucket_high() {
         let p = Probe::default();
         for ms in 1..=100 {
-            p.record(true, Duration::from_millis(ms));
+            p.record(true, Duration::from_millis(ms), 1);
         }
         let c = p.counts();
         assert_eq!(c.total, 100);
@@ -286,33 +370,97 @@ mod tests {
             window: Duration::from_secs(60),
             min_requests: 10,
         };
-        let p = Probe::default();
-        let before = p.counts();
-        for _ in 0..9 {
-            p.record(true, Duration::from_millis(50));
+        // The previous version: fast on 16-element requests.
+        let old = Probe::default();
+        for _ in 0..10 {
+            old.record(true, Duration::from_millis(2), 16);
         }
-        assert_eq!(breach(&sla, &p.counts().since(&before)), None, "too few");
-        p.record(true, Duration::from_millis(50));
-        let why = breach(&sla, &p.counts().since(&before)).unwrap();
-        assert!(why.contains("p99 latency"), "{why}");
+        let before = old.counts();
+        let p = Probe::default();
+        let at_start = p.counts();
+        for _ in 0..9 {
+            p.record(true, Duration::from_millis(50), 16);
+        }
+        assert_eq!(
+            breach(&sla, &p.counts().since(&at_start), &before),
+            None,
+            "too few"
+        );
+        p.record(true, Duration::from_millis(50), 16);
+        let why = breach(&sla, &p.counts().since(&at_start), &before).unwrap();
+        assert!(
+            why.contains("p99 latency") && why.contains("16 to 31 input elements"),
+            "{why}"
+        );
+        assert!(why.contains("previous version's p99 was 2.0 ms"), "{why}");
 
         let q = Probe::default();
         for i in 0..20 {
-            q.record(i % 4 != 0, Duration::from_millis(1));
+            q.record(i % 4 != 0, Duration::from_millis(1), 1);
         }
-        let why = breach(&sla, &q.counts()).unwrap();
+        let why = breach(&sla, &q.counts(), &Counts::default()).unwrap();
         assert!(why.contains("error rate 0.250"), "{why}");
 
         let fine = Probe::default();
         for i in 0..100 {
-            fine.record(i != 0, Duration::from_millis(2));
+            fine.record(i != 0, Duration::from_millis(2), 16);
         }
-        assert_eq!(breach(&sla, &fine.counts()), None);
+        assert_eq!(breach(&sla, &fine.counts(), &before), None);
         // What was seen before the swap does not count.
         let at_swap = p.counts();
         for _ in 0..10 {
-            p.record(true, Duration::from_millis(1));
+            p.record(true, Duration::from_millis(1), 16);
         }
-        assert_eq!(breach(&sla, &p.counts().since(&at_swap)), None);
+        assert_eq!(breach(&sla, &p.counts().since(&at_swap), &before), None);
+    }
+
+    /// The attack the comparison stops: right after a swap, clients send requests far larger
+    /// than the previous version ever served. They are slow on any version, so they say nothing
+    /// of the new one; only like-sized requests are compared.
+    #[test]
+    fn large_requests_the_previous_version_never_served_cause_no_rollback() {
+        let sla = Sla {
+            p99: Some(Duration::from_millis(10)),
+            max_error_rate: None,
+            window: Duration::from_secs(60),
+            min_requests: 10,
+        };
+        let old = Probe::default();
+        for _ in 0..100 {
+            old.record(true, Duration::from_millis(2), 16);
+        }
+        let new = Probe::default();
+        for _ in 0..100 {
+            new.record(true, Duration::from_millis(400), 1 << 20);
+        }
+        for _ in 0..50 {
+            new.record(true, Duration::from_millis(2), 16);
+        }
+        assert_eq!(breach(&sla, &new.counts(), &old.counts()), None);
+        // Nor with no history of the previous version at all.
+        assert_eq!(breach(&sla, &new.counts(), &Counts::default()), None);
+        // Like-sized requests where the previous version was just as slow: no regression.
+        let slow_old = Probe::default();
+        for _ in 0..100 {
+            slow_old.record(true, Duration::from_millis(380), 1 << 20);
+        }
+        assert_eq!(breach(&sla, &new.counts(), &slow_old.counts()), None);
+        // ... and where it was fast, a regression.
+        let fast_old = Probe::default();
+        for _ in 0..100 {
+            fast_old.record(true, Duration::from_millis(5), 1 << 20);
+        }
+        let why = breach(&sla, &new.counts(), &fast_old.counts()).unwrap();
+        assert!(why.contains("1048576 to 2097151 input elements"), "{why}");
+    }
+
+    #[test]
+    fn size_classes_are_powers_of_two() {
+        assert_eq!(class_of(0), 0);
+        assert_eq!(class_of(1), 1);
+        assert_eq!((class_of(2), class_of(3), class_of(4)), (2, 2, 3));
+        assert_eq!(class_of(u64::MAX), CLASSES - 1);
+        assert_eq!(class_range(3), "4 to 7");
+        assert_eq!(class_range(CLASSES - 1), "2147483648 or more");
     }
 }

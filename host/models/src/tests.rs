@@ -494,6 +494,8 @@ fn a_slow_new_version_is_rolled_back_and_stays_listed_with_why() {
     let (r, _) = registry(repo.path());
     r.load_initial(None).unwrap();
     assert!(r.lifecycle_counts().is_empty(), "no watch at first load");
+    // Latency is judged against the previous version on like-sized requests: it served some.
+    assert_eq!(send(&r, "m", 10), 0);
 
     std::fs::create_dir_all(repo.path().join("m/2")).unwrap();
     std::fs::write(repo.path().join("m/2/model.onnx"), "slow two").unwrap();
@@ -540,6 +542,7 @@ fn a_rolled_back_version_stays_withheld_after_a_restart_until_its_files_change()
     {
         let (r, _) = registry_with_state(repo.path(), Some(state.path()));
         r.load_initial(None).unwrap();
+        assert_eq!(send(&r, "m", 10), 0);
         std::fs::create_dir_all(repo.path().join("m/2")).unwrap();
         std::fs::write(repo.path().join("m/2/model.onnx"), "slow two").unwrap();
         r.poll();
@@ -635,6 +638,7 @@ fn a_reload_during_the_watch_keeps_the_last_good_version_for_rollback() {
     write_model(repo.path(), "m", &guarded_config(60), Some("one"));
     let (r, _) = registry(repo.path());
     r.load_initial(None).unwrap();
+    assert_eq!(send(&r, "m", 10), 0);
     let file = repo.path().join("m/1/model.onnx");
     rewrite(&file, "slow two");
     r.load("m", None).unwrap();

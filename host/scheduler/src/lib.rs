@@ -53,6 +53,18 @@ pub struct RequestTiming {
     pub queue: Duration,
     /// The batch's compute times.
     pub exec: ExecTiming,
+    /// Elements in the request's inputs (its size, so that latencies of like-sized requests
+    /// can be compared).
+    pub elements: u64,
+}
+
+/// Elements in `request`'s inputs.
+fn input_elements(request: &InferRequest) -> u64 {
+    request
+        .inputs
+        .iter()
+        .map(|t| t.element_count() as u64)
+        .fold(0, u64::saturating_add)
 }
 
 /// Receives every completed request's timings (the server feeds latency summaries with it).
@@ -886,6 +898,7 @@ impl Shared {
                 total: job.enqueued.elapsed(),
                 queue: job.enqueued.elapsed(),
                 exec: ExecTiming::default(),
+                elements: input_elements(&job.request),
             });
         }
         self.deliver(job.seq, job.respond, Err(err));
@@ -999,8 +1012,8 @@ fn execute(shared: &Shared, instance: &mut dyn Instance, batch: Vec<Job>) {
     let mut requests = Vec::with_capacity(batch.len());
     let mut metas = Vec::with_capacity(batch.len());
     for j in batch {
+        metas.push((j.seq, j.respond, j.enqueued, input_elements(&j.request)));
         requests.push(j.request);
-        metas.push((j.seq, j.respond, j.enqueued));
     }
     let mut timing = ExecTiming::default();
     let started_wall = wisp_core::trace::unix_ns(std::time::SystemTime::now());
@@ -1061,7 +1074,7 @@ fn execute(shared: &Shared, instance: &mut dyn Instance, batch: Vec<Job>) {
     if ok > 0 {
         shared.stats.record_execution(rows, ok, timing);
     }
-    for ((seq, respond, enqueued), result) in metas.into_iter().zip(results) {
+    for ((seq, respond, enqueued, elements), result) in metas.into_iter().zip(results) {
         let total = enqueued.elapsed();
         let queue = dispatched - enqueued;
         match &result {
@@ -1079,6 +1092,7 @@ fn execute(shared: &Shared, instance: &mut dyn Instance, batch: Vec<Job>) {
                 total,
                 queue,
                 exec: timing,
+                elements,
             });
         }
         shared.inflight.fetch_sub(1, Ordering::SeqCst);
