@@ -27,12 +27,35 @@ pub const MAX_OBJECTS: usize = 100_000;
 /// At most this many bytes in one model's objects.
 pub const MAX_MODEL_BYTES: u64 = 16 << 30;
 
+/// A listing: every object by model, and the models that could not be listed (kept as they are
+/// mirrored, neither updated nor removed).
+#[derive(Debug, Default)]
+struct Listing {
+    models: BTreeMap<String, Vec<Listed>>,
+    skipped: std::collections::BTreeSet<String>,
+}
+
 /// One object as listed: its path under the prefix, and what tells a change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Listed {
     rel: Vec<String>,
     tag: String,
     size: u64,
+}
+
+/// Why a listing failed: a key the store's client cannot parse as a path (which fails its whole
+/// page), or anything else (credentials, network, no such bucket).
+enum ListError {
+    BadKey(Error),
+    Other(Error),
+}
+
+impl ListError {
+    fn into_error(self) -> Error {
+        match self {
+            ListError::BadKey(e) | ListError::Other(e) => e,
+        }
+    }
 }
 
 /// A repository on object storage and its local mirror.
@@ -89,7 +112,19 @@ impl RemoteRepo {
     /// logged and left as it was.
     pub async fn sync(&self) -> Result<Vec<String>> {
         let _one_at_a_time = self.gate.lock().await;
-        let listing = self.list(None).await?;
+        let listing = match self.list(None).await {
+            Err(ListError::BadKey(e)) => {
+                // The store's client refuses a whole listing page over one key it cannot parse
+                // (`a/../b`): list model by model, so that one model's bad key costs only that
+                // model's sync.
+                tracing::error!(repository = %self.url, error = %e, "a key cannot be a path; listing model by model");
+                self.list_by_model().await?
+            }
+            other => Listing {
+                models: other.map_err(ListError::into_error)?,
+                skipped: Default::default(),
+            },
+        };
         self.reconcile(listing, None).await
     }
 
@@ -101,17 +136,24 @@ impl RemoteRepo {
             return Ok(false);
         }
         let _one_at_a_time = self.gate.lock().await;
-        let listing = self.list(Some(model)).await?;
+        let models = self
+            .list(Some(model))
+            .await
+            .map_err(ListError::into_error)?;
+        let listing = Listing {
+            models,
+            skipped: Default::default(),
+        };
         Ok(!self.reconcile(listing, Some(model)).await?.is_empty())
     }
 
     /// Downloads what `listing` shows changed and removes what it shows gone, among all models
     /// or `only` one.
-    async fn reconcile(
-        &self,
-        listing: BTreeMap<String, Vec<Listed>>,
-        only: Option<&str>,
-    ) -> Result<Vec<String>> {
+    async fn reconcile(&self, listing: Listing, only: Option<&str>) -> Result<Vec<String>> {
+        let Listing {
+            models: listing,
+            skipped,
+        } = listing;
         let mut changed = Vec::new();
         let previous = self.synced.lock().expect("synced").clone();
         for (model, objects) in &listing {
@@ -133,9 +175,11 @@ impl RemoteRepo {
                 ),
             }
         }
-        let gone = previous
-            .keys()
-            .filter(|m| only.is_none_or(|o| o == m.as_str()) && !listing.contains_key(*m));
+        let gone = previous.keys().filter(|m| {
+            only.is_none_or(|o| o == m.as_str())
+                && !listing.contains_key(*m)
+                && !skipped.contains(*m)
+        });
         for model in gone {
             let _ = std::fs::remove_dir_all(self.local.join(model));
             self.synced.lock().expect("synced").remove(model);
@@ -149,7 +193,10 @@ impl RemoteRepo {
                 .flatten()
             {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                if !listing.contains_key(&name) && !name.starts_with('.') {
+                if !listing.contains_key(&name)
+                    && !skipped.contains(&name)
+                    && !name.starts_with('.')
+                {
                     let _ = std::fs::remove_dir_all(entry.path());
                 }
             }
@@ -160,8 +207,48 @@ impl RemoteRepo {
         Ok(changed)
     }
 
+    /// The model directories under the prefix (one delimiter listing), then each model's
+    /// objects on their own; a model whose listing fails is skipped and reported.
+    async fn list_by_model(&self) -> Result<Listing> {
+        let top = self
+            .store
+            .list_with_delimiter((!self.prefix.as_ref().is_empty()).then_some(&self.prefix))
+            .await
+            .map_err(|e| self.list_failed(e))?;
+        let mut listing = Listing::default();
+        for dir in top.common_prefixes.iter().take(MAX_OBJECTS) {
+            let Some(model) = dir
+                .filename()
+                .filter(|m| wisp_core::repository::is_model_name(m))
+            else {
+                continue;
+            };
+            match self.list(Some(model)).await {
+                Ok(found) => listing.models.extend(found),
+                Err(e) => {
+                    tracing::error!(
+                        repository = %self.url, model, error = %e.into_error(),
+                        "model skipped: its objects cannot be listed; the mirrored copy stays"
+                    );
+                    listing.skipped.insert(model.to_string());
+                }
+            }
+        }
+        Ok(listing)
+    }
+
+    fn list_failed(&self, e: object_store::Error) -> Error {
+        Error::unavailable(format!(
+            "cannot list model repository '{}' ({} '{}'): {e}",
+            self.url, self.bucket.kind, self.bucket.name
+        ))
+    }
+
     /// Every object under the prefix (or `only` that model's directory under it), by model.
-    async fn list(&self, only: Option<&str>) -> Result<BTreeMap<String, Vec<Listed>>> {
+    async fn list(
+        &self,
+        only: Option<&str>,
+    ) -> std::result::Result<BTreeMap<String, Vec<Listed>>, ListError> {
         let under = match only {
             Some(model) => Some(self.prefix.clone().join(model)),
             None => (!self.prefix.as_ref().is_empty()).then(|| self.prefix.clone()),
@@ -169,18 +256,16 @@ impl RemoteRepo {
         let mut stream = self.store.list(under.as_ref());
         let mut out: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
         let mut count = 0usize;
-        while let Some(meta) = stream.try_next().await.map_err(|e| {
-            Error::unavailable(format!(
-                "cannot list model repository '{}' ({} '{}'): {e}",
-                self.url, self.bucket.kind, self.bucket.name
-            ))
+        while let Some(meta) = stream.try_next().await.map_err(|e| match e {
+            object_store::Error::InvalidPath { .. } => ListError::BadKey(self.list_failed(e)),
+            e => ListError::Other(self.list_failed(e)),
         })? {
             count += 1;
             if count > MAX_OBJECTS {
-                return Err(Error::invalid(format!(
+                return Err(ListError::Other(Error::invalid(format!(
                     "model repository '{}' holds more than {MAX_OBJECTS} objects",
                     self.url
-                )));
+                ))));
             }
             let Some(rel) = meta.location.prefix_match(&self.prefix) else {
                 continue;
