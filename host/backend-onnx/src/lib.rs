@@ -100,7 +100,7 @@ impl Backend for OnnxBackend {
         // Read once (a bounded regular file, never a mapping): its inputs and outputs, the
         // check against what the engine is known to get wrong, and tract's model all come from
         // these bytes.
-        let proto = tract_engine::read_proto(model_file)?;
+        let (bytes, proto) = tract_engine::read_model(model_file, model.file_sha256.as_ref())?;
         let io = tract_engine::model_io(model_file, &proto)?;
         let spec = Arc::new(Spec::new(&model.signature, &io)?);
         let instances = config.instance_count().max(1);
@@ -112,12 +112,17 @@ impl Backend for OnnxBackend {
         let engine: Engine = match &self.ort {
             Some(ort) => {
                 tract_engine::refuse_known_wrong(&proto, tract_engine::KnownWrong::OnnxRuntime)?;
+                // Sessions are built from the bytes checked here, not from the path again.
+                let bytes = (!tract_engine::has_external_data(&proto)).then(|| bytes.into());
                 drop(proto);
-                Engine::Ort(ort.prepare(model_file, intra, inter)?)
+                Engine::Ort(ort.prepare(model_file, bytes, intra, inter)?)
             }
-            None => Engine::Tract(Arc::new(tract_engine::TractModel::load(
-                model_file, proto, &io, &spec,
-            )?)),
+            None => {
+                drop(bytes);
+                Engine::Tract(Arc::new(tract_engine::TractModel::load(
+                    model_file, proto, &io, &spec,
+                )?))
+            }
         };
         Ok(Box::new(OnnxModel { spec, engine }))
     }

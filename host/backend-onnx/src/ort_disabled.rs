@@ -18,7 +18,13 @@ impl OrtEngine {
         )))
     }
 
-    pub(crate) fn prepare(&self, _: &Path, _: usize, _: usize) -> Result<OrtModel> {
+    pub(crate) fn prepare(
+        &self,
+        _: &Path,
+        _: Option<std::sync::Arc<[u8]>>,
+        _: usize,
+        _: usize,
+    ) -> Result<OrtModel> {
         match *self {}
     }
 }

@@ -37,10 +37,20 @@ impl OrtEngine {
         }
     }
 
-    pub(crate) fn prepare(&self, file: &Path, intra: usize, inter: usize) -> Result<OrtModel> {
+    /// A model ONNX Runtime builds its sessions from: `bytes` (the file as read and checked
+    /// once) when given, else the file at its path (a model with external data, which ONNX
+    /// Runtime finds beside the file).
+    pub(crate) fn prepare(
+        &self,
+        file: &Path,
+        bytes: Option<std::sync::Arc<[u8]>>,
+        intra: usize,
+        inter: usize,
+    ) -> Result<OrtModel> {
         let model = OrtModel {
             env: self.env.clone(),
             file: file.to_path_buf(),
+            bytes,
             intra,
             inter,
         };
@@ -53,6 +63,7 @@ impl OrtEngine {
 pub(crate) struct OrtModel {
     env: Environment,
     file: PathBuf,
+    bytes: Option<std::sync::Arc<[u8]>>,
     intra: usize,
     inter: usize,
 }
@@ -65,14 +76,17 @@ impl OrtModel {
                 self.file.display()
             ))
         };
-        let session = Session::builder(&self.env)
+        let mut builder = Session::builder(&self.env)
             .map_err(|e| err(&e))?
             .with_intra_threads(self.intra)
             .map_err(|e| err(&e))?
             .with_inter_threads(self.inter)
-            .map_err(|e| err(&e))?
-            .commit_from_file(&self.file)
             .map_err(|e| err(&e))?;
+        let session = match &self.bytes {
+            Some(bytes) => builder.commit_from_memory(bytes),
+            None => builder.commit_from_file(&self.file),
+        }
+        .map_err(|e| err(&e))?;
         let outputs = session
             .outputs()
             .iter()

@@ -111,14 +111,42 @@ fn io_spec(v: &pb::ValueInfoProto) -> IoSpec {
 /// An ONNX file's protobuf, from its bytes read once (bounded, a regular file only), not from
 /// a mapping of the file, which would fault if the file shrank meanwhile.
 pub(crate) fn read_proto(file: &Path) -> Result<pb::ModelProto> {
+    read_model(file, None).map(|(_, proto)| proto)
+}
+
+/// The ONNX file's bytes (a bounded regular file, read once) and their decoding; with
+/// `sha256`, the bytes must hash to it (the signed manifest's), or the load fails.
+pub(crate) fn read_model(
+    file: &Path,
+    sha256: Option<&[u8; 32]>,
+) -> Result<(Vec<u8>, pb::ModelProto)> {
     let bytes =
         wisp_core::repository::read_regular(file, wisp_core::repository::MAX_MODEL_FILE_BYTES)
             .map_err(|e| {
                 Error::invalid(format!("cannot read ONNX file {}: {e}", file.display()))
             })?;
-    tract_onnx::onnx()
+    if let Some(want) = sha256 {
+        use sha2::Digest as _;
+        if sha2::Sha256::digest(&bytes).as_slice() != want.as_slice() {
+            return Err(Error::invalid(format!(
+                "integrity check failed: {} changed after its signature was checked",
+                file.display()
+            )));
+        }
+    }
+    let proto = tract_onnx::onnx()
         .proto_model_for_read(&mut bytes.as_slice())
-        .map_err(|e| Error::invalid(format!("cannot read ONNX file {}: {e}", file.display())))
+        .map_err(|e| Error::invalid(format!("cannot read ONNX file {}: {e}", file.display())))?;
+    Ok((bytes, proto))
+}
+
+/// Whether any initializer of `proto`'s graph keeps its data in another file.
+pub(crate) fn has_external_data(proto: &pb::ModelProto) -> bool {
+    proto.graph.as_ref().is_some_and(|g| {
+        g.initializer
+            .iter()
+            .any(|t| t.data_location == Some(pb::tensor_proto::DataLocation::External as i32))
+    })
 }
 
 /// What tract computes wrongly, found by ONNX's own backend test cases through
@@ -456,6 +484,43 @@ impl Runner for TractRunner {
 mod tests {
     use super::*;
     use tract_onnx::prelude::{tvec, Framework, InferenceModelExt};
+
+    /// Under a signed manifest the bytes read must be the bytes signed: a file swapped after
+    /// the signature check fails the load instead of loading.
+    #[test]
+    fn the_bytes_read_are_checked_against_the_signed_hash() {
+        use sha2::Digest as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model.onnx");
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/repo/cast_add_int64/1/model.onnx"
+        );
+        std::fs::copy(fixture, &file).unwrap();
+        let signed: [u8; 32] = sha2::Sha256::digest(std::fs::read(&file).unwrap()).into();
+        let (bytes, proto) = read_model(&file, Some(&signed)).unwrap();
+        assert_eq!(bytes, std::fs::read(&file).unwrap());
+        assert!(!has_external_data(&proto));
+        // Swapped after the check: another valid model.
+        std::fs::copy(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../tests/fixtures/repo/add_int64/1/model.onnx"
+            ),
+            &file,
+        )
+        .unwrap();
+        let e = read_model(&file, Some(&signed)).unwrap_err();
+        assert!(
+            e.message()
+                .contains("changed after its signature was checked"),
+            "{e}"
+        );
+        assert!(
+            read_model(&file, None).is_ok(),
+            "unsigned: no hash to check"
+        );
+    }
 
     /// `Cast(UINT8 -> INT64) + INT64` keeps 64 bits (tract alone gave `[1, 126, 255]`).
     #[test]

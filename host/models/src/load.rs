@@ -341,6 +341,28 @@ fn load_version(
             Err(e) => return Err(Error::invalid(format!("cannot read the model file: {e}"))),
         }
     }
+    // Under --model-verify-key, the backend checks the bytes it reads against the signed
+    // manifest's hash of the model file (the version's files were checked a moment ago; this
+    // closes the window between that check and the backend's read).
+    let signed = match (&opts.verification, cfg.is_ensemble()) {
+        (Some(v), false) => {
+            let rel = file.strip_prefix(&dir.path).unwrap_or(&file);
+            crate::signing::signed_sha256(&dir.path, version, rel, v)
+                .map_err(|why| Error::invalid(format!("integrity check failed: {why}")))?
+        }
+        _ => None,
+    };
+    let with_digest;
+    let spec = match signed {
+        Some(sha) => {
+            with_digest = ModelSpec {
+                file_sha256: Some(sha),
+                ..spec.clone()
+            };
+            &with_digest
+        }
+        None => spec,
+    };
     let sequencing = spec.sequence.clone();
     let loaded = match &sequencing {
         // The backend also sees the inputs and outputs the sequence batcher feeds and reads.

@@ -203,6 +203,39 @@ pub fn sign(model_dir: &Path, version: u64, key: &SigningKey) -> std::io::Result
     std::fs::write(dir.join(SIGNATURE), format!("{}\n", hex(&sig.to_bytes())))
 }
 
+/// The SHA-256 the signed manifest of `version` lists for `rel` (a path relative to the model
+/// directory), its signature checked again on the bytes read here; `None` when the version has
+/// no manifest (and none is required).
+pub fn signed_sha256(
+    model_dir: &Path,
+    version: u64,
+    rel: &Path,
+    v: &Verification,
+) -> Result<Option<[u8; 32]>, String> {
+    let dir = model_dir.join(version.to_string());
+    let small = wisp_core::repository::MAX_SMALL_FILE_BYTES;
+    let manifest = match wisp_core::repository::read_regular(&dir.join(MANIFEST), small) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !v.required => return Ok(None),
+        Err(e) => return Err(format!("cannot read {version}/{MANIFEST}: {}", e.kind())),
+    };
+    let sig_text = wisp_core::repository::read_regular_text(&dir.join(SIGNATURE), small)
+        .map_err(|e| format!("cannot read {version}/{SIGNATURE}: {}", e.kind()))?;
+    let sig = Signature::from_bytes(&unhex::<64>(&sig_text, SIGNATURE)?);
+    v.key.verify(&manifest, &sig).map_err(|_| {
+        format!("the signature of {version}/{MANIFEST} does not verify with --model-verify-key")
+    })?;
+    let name = rel.to_string_lossy().replace('\\', "/");
+    let text = String::from_utf8_lossy(&manifest);
+    let hash = text
+        .lines()
+        .filter_map(|l| l.split_once("  "))
+        .find(|(_, p)| *p == name)
+        .map(|(h, _)| h)
+        .ok_or_else(|| format!("file '{name}' is not in the signed manifest"))?;
+    unhex::<32>(hash, &name).map(Some)
+}
+
 /// Checks a version against `v`: `Ok` when it verifies, or when it has no manifest and none is
 /// required; otherwise why not.
 pub fn verify(model_dir: &Path, version: u64, v: &Verification) -> Result<(), String> {

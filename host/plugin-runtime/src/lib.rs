@@ -190,6 +190,16 @@ impl WasmBackend {
                 model_file.display()
             ))
         })?;
+        // Signed: what compiles is what was signed, not a file swapped after the check.
+        if let Some(want) = &spec.file_sha256 {
+            use sha2::Digest as _;
+            if sha2::Sha256::digest(&wasm).as_slice() != want.as_slice() {
+                return Err(Error::invalid(format!(
+                    "model '{name}': integrity check failed: {} changed after its signature was checked",
+                    model_file.display()
+                )));
+            }
+        }
         let engine = self.engines.get(limits.sandbox.fuel.is_some())?;
         let t0 = Instant::now();
         let (component, source) = self

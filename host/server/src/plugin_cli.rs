@@ -506,6 +506,7 @@ fn run_once(file: &Path, config: Option<&Path>, inputs: &[String]) -> anyhow::Re
             ..Default::default()
         }),
         signature: std::sync::Arc::new(sig),
+        file_sha256: None,
     };
     let loaded = backend
         .load(&spec, file)

@@ -750,6 +750,11 @@ pub struct ModelSpec {
     /// The inputs and outputs, each with its datatype known, and how the model batches:
     /// what requests are checked against and backends are loaded with.
     pub signature: Arc<Signature>,
+    /// The SHA-256 the model file must have when a backend reads it: its signed manifest's,
+    /// set for a version loaded under `--model-verify-key`. A backend that reads the file
+    /// checks the bytes it read against it and loads from those bytes, so that a file swapped
+    /// after the signature check is refused instead of served.
+    pub file_sha256: Option<[u8; 32]>,
 }
 
 /// An input or output of a validated model: its `input[]`/`output[]` entry with the datatype
@@ -877,6 +882,7 @@ pub fn validate(
         sequence,
         params: Arc::new(params),
         signature: Arc::new(signature),
+        file_sha256: None,
     })
 }
 
