@@ -49,7 +49,8 @@ class Replica:
             [*wisp_command(), "serve", "--model-repository", self.repo,
              "--http-address", "127.0.0.1", "--http-port", str(self.http_port),
              "--grpc-port", str(self.grpc_port), "--metrics-port", str(free_port()),
-             "--model-control-mode", "explicit", "--load-model", MODEL,
+             "--model-control-mode", "explicit", "--allow-unauthenticated-control",
+             "--load-model", MODEL,
              "--onnx-engine", self.engine, "--exit-timeout-secs", "10", *env_args()],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()

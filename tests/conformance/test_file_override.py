@@ -35,7 +35,8 @@ def explicit(request, tmp_path_factory):
     repo = tmp_path_factory.mktemp("override_repo")
     shutil.copytree(ADD_SUB, os.path.join(repo, "add_sub"))
     proc, log, urls = start_wisp(repo, request.param, f"conformance-override-{request.param}.log",
-                                 ["--model-control-mode", "explicit", "--load-model", "add_sub"])
+                                 ["--model-control-mode", "explicit", "--allow-unauthenticated-control",
+                                  "--load-model", "add_sub"])
     yield urls
     stop_wisp(proc, log)
 

@@ -285,7 +285,8 @@ def test_s3_profile_files_and_explicit_loads_fetch_what_changed(store, tmp_path,
                  "XDG_CACHE_HOME": str(tmp_path / "cache")}.items():
         monkeypatch.setenv(k, v)
     proc, log, urls = start_wisp(store.url("repo2"), "tract", "conformance-s3-profile.log",
-                                 ["--model-control-mode", "explicit", "--load-model", "add_sub"])
+                                 ["--model-control-mode", "explicit", "--allow-unauthenticated-control",
+                                  "--load-model", "add_sub"])
     try:
         client = httpclient.InferenceServerClient(url=urls["url"])
         assert infer(urls["url"]) == "1"
@@ -320,6 +321,29 @@ def test_s3_profile_files_and_explicit_loads_fetch_what_changed(store, tmp_path,
         assert np.array_equal(out, np.full((1, 16), 2, np.float32))
     finally:
         stop_wisp(proc, log)
+
+
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_a_key_that_cannot_be_a_path_costs_only_its_model(store, tmp_path, monkeypatch):
+    """An object key with a `..` segment (S3 keys are any string) makes the store's client refuse
+    the whole listing page. The server still starts, serves every other model, and keeps
+    polling; the model holding that key is skipped and named in the log."""
+    upload_dir(store, FIXTURE, "repo4/add_sub")
+    upload_dir(store, FIXTURE, "repo4/evil")
+    store.put("repo4/evil/1/../../escape", b"x")
+    for k, v in env_for(store, tmp_path).items():
+        monkeypatch.setenv(k, v)
+    proc, log, urls = start_wisp(store.url("repo4"), "tract", "conformance-s3-badkey.log",
+                                 ["--model-control-mode", "poll", "--repository-poll-secs", "1"])
+    try:
+        assert infer(urls["url"]) == "1"
+        upload_dir(store, os.path.join(FIXTURE, "1"), "repo4/add_sub/2")
+        wait_for(lambda: infer(urls["url"]) == "2")
+    finally:
+        stop_wisp(proc, log)
+    text = open(log.name).read()
+    assert "model skipped" in text and "evil" in text, text[-3000:]
+    assert not (tmp_path / "escape").exists()
 
 
 @pytest.mark.parametrize("store", ["as"], indirect=True)

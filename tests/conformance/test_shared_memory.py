@@ -189,3 +189,38 @@ def test_cuda_shared_memory_is_refused_clearly(server, protocol):
 def test_the_extension_is_listed(server):
     c = httpclient.InferenceServerClient(url=server["url"])
     assert "system_shared_memory" in c.get_server_metadata()["extensions"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_region_belongs_to_the_token_that_registered_it(server, regions, protocol):
+    """With a `wisp-shm-token` header a region is the registering client's: another token, or
+    no token, cannot infer from it, write into it, list it or unregister it."""
+    mod, c = client_for(server, protocol)
+    alice, bob = {"wisp-shm-token": f"alice-{protocol}"}, {"wisp-shm-token": f"bob-{protocol}"}
+    a, b = data()
+    n = a.nbytes
+    inp, key = regions("mine", 2 * n)
+    shm.set_shared_memory_region(inp, [a, b])
+    c.register_system_shared_memory("mine", key, 2 * n, headers=alice)
+    try:
+        def infer(headers):
+            inputs = [mod.InferInput("INPUT0", [2, 16], "FP32"),
+                      mod.InferInput("INPUT1", [2, 16], "FP32")]
+            inputs[0].set_shared_memory("mine", n)
+            inputs[1].set_shared_memory("mine", n, offset=n)
+            return c.infer("add_sub", inputs, headers=headers)
+
+        assert np.allclose(infer(alice).as_numpy("OUTPUT0"), a + b)
+        for other in (bob, None):
+            expect_error(lambda: infer(other), "Unable to find system shared memory region: 'mine'")
+            status = c.get_system_shared_memory_status(headers=other)
+            names = [r["name"] for r in status] if protocol == "http" else list(status.regions)
+            assert "mine" not in names
+            c.unregister_system_shared_memory("mine", headers=other)
+            c.unregister_system_shared_memory(headers=other)
+        assert np.allclose(infer(alice).as_numpy("OUTPUT0"), a + b), "still registered"
+        expect_error(lambda: c.register_system_shared_memory(
+            "bad", key, 8, headers={"wisp-shm-token": "has space"}), "wisp-shm-token")
+    finally:
+        c.unregister_system_shared_memory(headers=alice)
+    expect_error(lambda: infer(alice), "Unable to find system shared memory region")

@@ -90,6 +90,7 @@ def start(binary, repo, engine):
     http, grpc, metrics = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [binary, "serve", "--model-repository", repo, "--model-control-mode", "explicit",
+         "--allow-unauthenticated-control",
          "--onnx-engine", engine, "--http-address", "127.0.0.1", "--http-port", str(http),
          "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-info", "false",
          "--log-error", "false", "--log-warning", "false"],

@@ -134,6 +134,7 @@ async fn ensemble_pipeline_matches_its_bls_twin_and_validates() {
     let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
         s.no_wasm_cache = true;
         s.model_control_mode = ControlMode::Explicit;
+        s.allow_unauthenticated_control = true;
         s.load_model = vec!["*".into()];
     })
     .await;

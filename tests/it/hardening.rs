@@ -71,6 +71,7 @@ async fn network_configs_cannot_escape_the_model_directory_or_widen_the_sandbox(
     let repo = dir.path().join("repo");
     let server = start_with(&repo, OnnxEngine::Tract, |s| {
         s.model_control_mode = ControlMode::Explicit;
+        s.allow_unauthenticated_control = true;
         s.load_model = vec!["*".into()];
     })
     .await;
@@ -933,6 +934,7 @@ async fn signed_models_load_and_a_tampered_reload_keeps_the_old_version() {
     let public = prefix.with_extension("pub");
     let server = start_with(&repo, OnnxEngine::Tract, |s| {
         s.model_control_mode = ControlMode::Explicit;
+        s.allow_unauthenticated_control = true;
         s.load_model = vec!["*".into()];
         s.model_verify_key = Some(public.clone());
         s.require_signed_models = true;

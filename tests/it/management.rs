@@ -48,6 +48,7 @@ async fn explicit_mode_loads_unloads_and_indexes() {
     let dir = fixture_copy();
     let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
         s.model_control_mode = ControlMode::Explicit;
+        s.allow_unauthenticated_control = true;
         s.load_model = vec!["add_sub".into()];
     })
     .await;
@@ -158,12 +159,98 @@ async fn explicit_mode_loads_unloads_and_indexes() {
     server.shutdown().await.unwrap();
 }
 
+/// Explicit mode with no key and no `--allow-unauthenticated-control`: whoever reaches a port
+/// may not load or unload (a load runs the repository's files and the request's overrides).
+/// Putting `model-repository` behind a key opens that front end, to key holders only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_control_is_off_by_default_in_explicit_mode() {
+    use wisp_server::grpc::pb;
+    let dir = fixture_copy();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+        s.load_model = vec!["add_sub".into()];
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    for path in [
+        "/v2/repository/models/classifier/load",
+        "/v2/repository/models/add_sub/unload",
+    ] {
+        let r = c.send("POST", path, &[], "").await.unwrap();
+        assert_eq!(r.status, 403, "{path}");
+        let msg = r.json()["error"].as_str().unwrap().to_string();
+        assert!(
+            msg.contains("--allow-unauthenticated-control")
+                && msg.contains("--http-restricted-api model-repository:"),
+            "{msg}"
+        );
+    }
+    let mut g = wisp_tests::GrpcClient::connect(server.grpc_addr().unwrap())
+        .await
+        .unwrap();
+    let (code, msg) = g
+        .unary::<_, pb::RepositoryModelUnloadResponse>(
+            "RepositoryModelUnload",
+            &pb::RepositoryModelUnloadRequest {
+                model_name: "add_sub".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(code, 7, "PERMISSION_DENIED: {msg}");
+    assert!(msg.contains("--grpc-restricted-protocol"), "{msg}");
+    assert_eq!(c.get("/v2/models/add_sub/ready").await.unwrap().status, 200);
+    // The index is only read, so it stays open.
+    assert_eq!(row(&index(&mut c).await, "add_sub")["state"], "READY");
+    server.shutdown().await.unwrap();
+
+    // A key on HTTP's model-repository group opens HTTP control to its holders; gRPC stays shut.
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.model_control_mode = ControlMode::Explicit;
+        s.http_restricted_api = vec!["model-repository:x-control=sesame".into()];
+    })
+    .await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let load = "/v2/repository/models/add_sub/load";
+    assert_eq!(c.send("POST", load, &[], "").await.unwrap().status, 403);
+    let keyed = c
+        .send("POST", load, &[("x-control", "sesame".to_string())], "")
+        .await
+        .unwrap();
+    assert_eq!(
+        keyed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&keyed.body)
+    );
+    assert_eq!(c.get("/v2/models/add_sub/ready").await.unwrap().status, 200);
+    let mut g = wisp_tests::GrpcClient::connect(server.grpc_addr().unwrap())
+        .await
+        .unwrap();
+    let (code, _) = g
+        .unary::<_, pb::RepositoryModelLoadResponse>(
+            "RepositoryModelLoad",
+            &pb::RepositoryModelLoadRequest {
+                model_name: "classifier".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(code, 7);
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_under_load_lose_no_request() {
     let dir = fixture_copy();
     let m = dir.path().join("add_sub");
     let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
         s.model_control_mode = ControlMode::Explicit;
+        s.allow_unauthenticated_control = true;
         s.load_model = vec!["*".into()];
     })
     .await;
@@ -242,6 +329,7 @@ async fn a_broken_new_version_keeps_the_old_one_serving() {
     let dir = fixture_copy();
     let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
         s.model_control_mode = ControlMode::Explicit;
+        s.allow_unauthenticated_control = true;
         s.load_model = vec!["*".into()];
     })
     .await;
@@ -345,7 +433,15 @@ async fn poll_mode_follows_the_repository_despite_a_broken_model() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_unload_cycles_return_memory() {
     let repo = workspace_root().join("model_repo");
-    let child = spawn_wisp(&repo, &["--model-control-mode", "explicit"], None);
+    let child = spawn_wisp(
+        &repo,
+        &[
+            "--model-control-mode",
+            "explicit",
+            "--allow-unauthenticated-control",
+        ],
+        None,
+    );
     let (pid, addr) = (child.pid(), child.http);
     let mut c = connect_when_up(addr).await;
     async fn one(c: &mut Client) {
@@ -423,6 +519,7 @@ async fn changing_only_the_instance_count_resizes_in_place() {
     let m = dir.path().join("add_sub");
     let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
         s.model_control_mode = ControlMode::Explicit;
+        s.allow_unauthenticated_control = true;
         s.load_model = vec!["add_sub".into()];
     })
     .await;
@@ -515,6 +612,7 @@ ensemble_scheduling { step [ { model_name: "add_sub" model_version: -1
     }
     let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
         s.model_control_mode = ControlMode::Explicit;
+        s.allow_unauthenticated_control = true;
         s.load_model = vec!["add_sub".into(), "a".into()];
     })
     .await;

@@ -198,6 +198,7 @@ async fn hot_replacement_of_a_plugin_version() {
     add_plugin_model(dir.path(), "echo", 1, "testkit", &testkit_config(""));
     let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
         s.model_control_mode = ControlMode::Explicit;
+        s.allow_unauthenticated_control = true;
         s.load_model = vec!["echo".into()];
         s.no_wasm_cache = true;
     })
@@ -1026,6 +1027,7 @@ async fn sla_guarded_rollout_rolls_back_a_failing_version_and_keeps_a_healthy_on
     let state_dir = state.path().to_path_buf();
     let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
         s.model_control_mode = ControlMode::Explicit;
+        s.allow_unauthenticated_control = true;
         s.load_model = vec!["guarded".into()];
         s.no_wasm_cache = true;
         s.state_dir = Some(state_dir);

@@ -79,6 +79,7 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
             .args(["serve", "--model-repository"])
             .arg(&repo)
             .args(["--model-control-mode", "explicit", "--load-model", "*"])
+            .arg("--allow-unauthenticated-control")
             .args([
                 "--http-address",
                 "127.0.0.1",

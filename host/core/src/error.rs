@@ -23,6 +23,9 @@ pub enum ErrorKind {
     /// The server is at a capacity limit for now; retry later (HTTP 503, gRPC
     /// RESOURCE_EXHAUSTED).
     Exhausted,
+    /// The server's settings do not allow this call from where it came (HTTP 403, gRPC
+    /// PERMISSION_DENIED).
+    Forbidden,
 }
 
 impl ErrorKind {
@@ -36,6 +39,7 @@ impl ErrorKind {
             ErrorKind::AlreadyExists => "ALREADY_EXISTS",
             ErrorKind::Internal => "INTERNAL",
             ErrorKind::TooLarge | ErrorKind::Exhausted => "RESOURCE_EXHAUSTED",
+            ErrorKind::Forbidden => "PERMISSION_DENIED",
         }
     }
 }
@@ -79,6 +83,10 @@ impl Error {
     /// An [`ErrorKind::TooLarge`] error.
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::TooLarge, message)
+    }
+    /// An [`ErrorKind::Forbidden`] error.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Forbidden, message)
     }
     /// An [`ErrorKind::Unsupported`] error.
     pub fn unsupported(message: impl Into<String>) -> Self {

@@ -156,7 +156,9 @@ pub(crate) fn to_wit_error(e: &Error) -> wit::Error {
         ErrorKind::NotFound => wit::ErrorCode::NotFound,
         ErrorKind::Unsupported => wit::ErrorCode::Unsupported,
         ErrorKind::Unavailable | ErrorKind::Exhausted => wit::ErrorCode::Unavailable,
-        ErrorKind::AlreadyExists | ErrorKind::Internal => wit::ErrorCode::Internal,
+        ErrorKind::AlreadyExists | ErrorKind::Internal | ErrorKind::Forbidden => {
+            wit::ErrorCode::Internal
+        }
     };
     wit::Error {
         code,

@@ -61,7 +61,8 @@ fn code_for(kind: ErrorKind) -> errors::ErrorCode {
         | ErrorKind::AlreadyExists
         | ErrorKind::Internal
         | ErrorKind::TooLarge
-        | ErrorKind::Exhausted => errors::ErrorCode::RuntimeError,
+        | ErrorKind::Exhausted
+        | ErrorKind::Forbidden => errors::ErrorCode::RuntimeError,
     }
 }
 

@@ -53,7 +53,8 @@ fn py_err(e: wisp_core::Error) -> PyErr {
     match e.kind() {
         ErrorKind::InvalidArg => InvalidArgumentError::new_err(msg),
         ErrorKind::NotFound => NotFoundError::new_err(msg),
-        ErrorKind::Unavailable => UnavailableError::new_err(msg),
+        // Forbidden is a network front end's refusal; in-process calls never get it.
+        ErrorKind::Unavailable | ErrorKind::Forbidden => UnavailableError::new_err(msg),
         ErrorKind::Unsupported => UnsupportedError::new_err(msg),
         ErrorKind::AlreadyExists => AlreadyExistsError::new_err(msg),
         ErrorKind::Internal => InternalError::new_err(msg),

@@ -30,7 +30,7 @@ use std::time::Instant;
 use wisp_core::{InferRequest, Result, Tensor};
 
 use crate::models::IndexEntry;
-use crate::service::control::LoadRequest;
+use crate::service::control::{Caller, LoadRequest};
 use crate::service::query::ModelMetadata;
 use crate::service::{Decoded, OutputSpec, Service};
 use crate::settings::Settings;
@@ -100,6 +100,7 @@ impl Embedded {
             outputs,
             binary_default: false,
             shm_inputs: Vec::new(),
+            shm_scope: Default::default(),
         };
         let answer = service.infer(m, Ok(decoded), received, None).await?;
         Ok(answer.outputs.into_iter().map(|(_, t)| t).collect())
@@ -109,7 +110,7 @@ impl Embedded {
     pub async fn load(&self, model: &str) -> Result<()> {
         self.core()
             .service
-            .load(model, LoadRequest::default())
+            .load(model, LoadRequest::plain(Caller::InProcess))
             .await
     }
 
@@ -118,14 +119,17 @@ impl Embedded {
     pub async fn load_with_config(&self, model: &str, config: &str) -> Result<()> {
         let req = LoadRequest {
             config: Some(config.to_string()),
-            ..Default::default()
+            ..LoadRequest::plain(Caller::InProcess)
         };
         self.core().service.load(model, req).await
     }
 
     /// Unloads `model`; requests already running finish (explicit control mode only).
     pub async fn unload(&self, model: &str) -> Result<()> {
-        self.core().service.unload(model, "", false).await
+        self.core()
+            .service
+            .unload(model, "", false, Caller::InProcess)
+            .await
     }
 
     /// The repository index: every model and version with its state and, when it is not

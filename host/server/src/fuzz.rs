@@ -260,7 +260,8 @@ proptest! {
     ) {
         let obj = ShmObject::new();
         let shm = crate::service::shm::SharedMemory::new("wisp-fuzz", 1 << 20);
-        shm.register("r", &obj.0, 0, 4096).unwrap();
+        let scope = crate::service::shm::Scope::default();
+        shm.register(&scope, "r", &obj.0, 0, 4096).unwrap();
         let mut params = serde_json::Map::new();
         params.insert("shared_memory_region".into(), region);
         if let Some(o) = offset {
@@ -270,12 +271,12 @@ proptest! {
             params.insert("shared_memory_byte_size".into(), s);
         }
         if let Ok(Some(at)) = crate::service::shm::shm_ref(&params, "input 'x'") {
-            if let Ok(bytes) = shm.read(&at) {
+            if let Ok(bytes) = shm.read(&scope, &at) {
                 prop_assert_eq!(bytes.len(), at.byte_size);
                 prop_assert!(at.offset + at.byte_size <= 4096);
             }
             let data = vec![1u8; out_len];
-            if shm.write(&at, &data).is_ok() {
+            if shm.write(&scope, &at, &data).is_ok() {
                 prop_assert!(out_len <= at.byte_size && at.offset + out_len <= 4096);
             }
         }

@@ -13,9 +13,9 @@ use wisp_core::tensor::encode_bytes_elements;
 use wisp_core::trace::TraceParent;
 use wisp_core::{DataType, Error, ErrorKind, InferRequest, Tensor};
 
-use crate::service::control::LoadRequest;
+use crate::service::control::{Caller, LoadRequest};
 use crate::service::query::{Duration, TensorMetadata};
-use crate::service::shm::{shm_ref, ShmRef};
+use crate::service::shm::{self, shm_ref, Scope, ShmRef};
 use crate::service::{Decoded, OutputSpec, Service, ShmInput, MAX_CLASSIFICATION};
 
 #[allow(
@@ -42,6 +42,7 @@ pub fn status(e: Error) -> Status {
         ErrorKind::AlreadyExists => tonic::Code::AlreadyExists,
         ErrorKind::Internal => tonic::Code::Internal,
         ErrorKind::TooLarge | ErrorKind::Exhausted => tonic::Code::ResourceExhausted,
+        ErrorKind::Forbidden => tonic::Code::PermissionDenied,
     };
     Status::new(code, e.message().to_string())
 }
@@ -288,7 +289,13 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
         outputs,
         binary_default: false,
         shm_inputs,
+        shm_scope: Scope::default(),
     })
+}
+
+/// The call's shared memory scope, from its `wisp-shm-token` metadata.
+fn shm_scope(metadata: &tonic::metadata::MetadataMap) -> Result<Scope, Error> {
+    Scope::from_token(metadata.get(shm::TOKEN_HEADER).map(|v| v.as_bytes()))
 }
 
 /// The client's W3C trace context, from the call's `traceparent` metadata.
@@ -322,6 +329,7 @@ async fn infer(
     service: &Service,
     mut req: pb::ModelInferRequest,
     trace_parent: Option<TraceParent>,
+    scope: &Scope,
 ) -> Result<pb::ModelInferResponse, Error> {
     let received = std::time::Instant::now();
     // Raw contents are sliced from the message without copies; typed contents are converted
@@ -340,7 +348,10 @@ async fn infer(
     let _budget = service.admit(size)?;
     let version = (!req.model_version.is_empty()).then(|| std::mem::take(&mut req.model_version));
     let m = service.model(&req.model_name, version.as_deref())?;
-    let decoded = decode(req);
+    let decoded = decode(req).map(|mut d| {
+        d.shm_scope = scope.clone();
+        d
+    });
     let answer = service.infer(m, decoded, received, trace_parent).await?;
     let mut resp = pb::ModelInferResponse {
         model_name: answer.model.name.clone(),
@@ -477,7 +488,8 @@ impl GrpcInferenceService for GrpcService {
         r: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let parent = trace_parent(r.metadata());
-        infer(&self.service, r.into_inner(), parent)
+        let scope = shm_scope(r.metadata()).map_err(status)?;
+        infer(&self.service, r.into_inner(), parent, &scope)
             .await
             .map(Response::new)
             .map_err(status)
@@ -491,6 +503,7 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         // a stream's requests are traced under the context the stream was opened with
         let stream_parent = trace_parent(r.metadata());
+        let scope = shm_scope(r.metadata()).map_err(status)?;
         let mut inbound = r.into_inner();
         let service = self.service.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -536,6 +549,7 @@ impl GrpcInferenceService for GrpcService {
                     }
                     None => (None, None),
                 };
+                let scope = scope.clone();
                 tokio::spawn(async move {
                     let _permit = permit;
                     if let Some(previous) = after {
@@ -544,7 +558,7 @@ impl GrpcInferenceService for GrpcService {
                     let _done = done;
                     let id = req.id.clone();
                     let flags = stream_flags(&req.parameters);
-                    let mut msg = match infer(&service, req, stream_parent).await {
+                    let mut msg = match infer(&service, req, stream_parent, &scope).await {
                         Ok(resp) => pb::ModelStreamInferResponse {
                             error_message: String::new(),
                             infer_response: Some(resp),
@@ -690,6 +704,7 @@ impl GrpcInferenceService for GrpcService {
             }
         }
         let load = LoadRequest {
+            caller: Caller::Grpc,
             repository: r.repository_name,
             config,
             files,
@@ -721,7 +736,7 @@ impl GrpcInferenceService for GrpcService {
             }
         };
         self.service
-            .unload(&r.model_name, &r.repository_name, dependents)
+            .unload(&r.model_name, &r.repository_name, dependents, Caller::Grpc)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
@@ -731,11 +746,12 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<pb::SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
+        let scope = shm_scope(r.metadata()).map_err(status)?;
         let name = r.into_inner().name;
         let rows = self
             .service
             .shm
-            .status((!name.is_empty()).then_some(name.as_str()))
+            .status(&scope, (!name.is_empty()).then_some(name.as_str()))
             .map_err(status)?;
         let regions = rows
             .into_iter()
@@ -758,6 +774,7 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<pb::SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
+        let scope = shm_scope(r.metadata()).map_err(status)?;
         let r = r.into_inner();
         let size = |n: u64, what: &str| {
             usize::try_from(n)
@@ -766,7 +783,7 @@ impl GrpcInferenceService for GrpcService {
         let (offset, byte_size) = (size(r.offset, "offset")?, size(r.byte_size, "byte_size")?);
         self.service
             .clone()
-            .register_shm(r.name, r.key, offset, byte_size)
+            .register_shm(scope, r.name, r.key, offset, byte_size)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::SystemSharedMemoryRegisterResponse {}))
@@ -776,10 +793,11 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<pb::SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
+        let scope = shm_scope(r.metadata()).map_err(status)?;
         let name = r.into_inner().name;
         self.service
             .shm
-            .unregister((!name.is_empty()).then_some(name.as_str()));
+            .unregister(&scope, (!name.is_empty()).then_some(name.as_str()));
         Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
     }
 

@@ -361,13 +361,24 @@ impl Core {
                 .map(|(name, _)| name)
                 .collect(),
             control_mode: settings.model_control_mode,
+            network_control: service::control::NetworkControl {
+                http: settings.allow_unauthenticated_control
+                    || resolved
+                        .http_restricted
+                        .restricts(restricted::ApiGroup::ModelRepository),
+                grpc: settings.allow_unauthenticated_control
+                    || resolved
+                        .grpc_restricted
+                        .restricts(restricted::ApiGroup::ModelRepository),
+            },
             signed_only: settings.require_signed_models,
             budget: Arc::new(tokio::sync::Semaphore::new(
                 usize::try_from(inflight_budget / 1024)
                     .unwrap_or(usize::MAX)
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
-            shm: service::shm::SharedMemory::new(&settings.shm_key_prefix, settings.shm_max_bytes),
+            shm: service::shm::SharedMemory::new(&settings.shm_key_prefix, settings.shm_max_bytes)
+                .requiring_token(settings.shm_require_token),
             remotes: remotes.clone(),
             trace: service::trace::TraceControl::new(
                 trace.settings.clone(),

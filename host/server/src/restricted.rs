@@ -189,6 +189,11 @@ impl Restrictions {
         Ok(Restrictions { rules })
     }
 
+    /// Whether `group` is behind a header.
+    pub fn restricts(&self, group: ApiGroup) -> bool {
+        self.rules.iter().any(|(g, _)| *g == group)
+    }
+
     /// Whether nothing is restricted.
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()

@@ -149,6 +149,13 @@ pub struct Settings {
     #[arg(long, default_value_t = 15)]
     pub repository_poll_secs: u64,
 
+    /// In explicit mode, let anyone who reaches the HTTP or gRPC port load and unload models
+    /// (which runs their files and config overrides). Without it, network control is refused
+    /// unless `--http-restricted-api` / `--grpc-restricted-protocol` puts `model-repository`
+    /// behind a key.
+    #[arg(long, default_value_t = false)]
+    pub allow_unauthenticated_control: bool,
+
     /// Model to load at start-up in explicit mode; repeat for several, `*` for all.
     #[arg(long, value_name = "NAME")]
     pub load_model: Vec<String>,
@@ -232,6 +239,12 @@ pub struct Settings {
     /// empty prefix allows any shm object.
     #[arg(long, default_value = DEFAULT_SHM_KEY_PREFIX)]
     pub shm_key_prefix: String,
+
+    /// Refuse shared memory registrations without a `wisp-shm-token` header (gRPC metadata):
+    /// then no client can use, list or unregister a region registered under another token.
+    /// Without it, clients that send no token share one scope, as in Triton.
+    #[arg(long, default_value_t = false)]
+    pub shm_require_token: bool,
 
     /// Bytes of system shared memory that may be registered at once, all regions together.
     #[arg(long, default_value_t = DEFAULT_SHM_MAX_BYTES)]

@@ -131,6 +131,7 @@ pub fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result
         outputs,
         binary_default,
         shm_inputs,
+        shm_scope: Default::default(),
     })
 }
 
@@ -307,6 +308,7 @@ fn decode_raw(body: Bytes, sig: &Signature) -> Result<Decoded> {
         outputs: Vec::new(),
         binary_default: true,
         shm_inputs: Vec::new(),
+        shm_scope: Default::default(),
     })
 }
 

@@ -12,6 +12,7 @@ pub fn status(kind: ErrorKind) -> StatusCode {
         ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::InvalidArg | ErrorKind::AlreadyExists => StatusCode::BAD_REQUEST,
     }
 }
@@ -52,5 +53,6 @@ mod tests {
         );
         assert_eq!(status(ErrorKind::AlreadyExists), StatusCode::BAD_REQUEST);
         assert_eq!(status(ErrorKind::TooLarge), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(status(ErrorKind::Forbidden), StatusCode::FORBIDDEN);
     }
 }

@@ -28,8 +28,9 @@ use wisp_core::Error;
 
 use crate::metrics::Metrics;
 use crate::models::Registry;
-use crate::service::control::LoadRequest;
+use crate::service::control::{Caller, LoadRequest};
 use crate::service::query::{Duration, TensorMetadata, VersionStats};
+use crate::service::shm::{Scope, TOKEN_HEADER};
 use crate::service::{Charge, Service};
 use error::ApiError;
 
@@ -415,6 +416,11 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
     } else {
         codec::decode(body, header_len, &m.signature)
     };
+    let scope = shm_scope(&parts.headers)?;
+    let decoded = decoded.map(|mut d| {
+        d.shm_scope = scope;
+        d
+    });
     let trace_parent = trace_parent(&parts.headers);
     let answer = app
         .service
@@ -545,6 +551,11 @@ async fn trace_setting(
     Ok(json_response(Value::Object(settings.to_json())))
 }
 
+/// The request's shared memory scope, from its `wisp-shm-token` header.
+fn shm_scope(headers: &HeaderMap) -> Result<Scope, Error> {
+    Scope::from_token(headers.get(TOKEN_HEADER).map(|v| v.as_bytes()))
+}
+
 /// The system shared memory extension: `[region/{name}/]status` (GET), `region/{name}/register`
 /// (POST `{"key", "offset", "byte_size"}`), `[region/{name}/]unregister` (POST).
 async fn system_shared_memory(
@@ -558,9 +569,10 @@ async fn system_shared_memory(
         ["region", n, a] => (Some(*n), *a),
         _ => return Err(Error::not_found("no such shared memory route").into()),
     };
+    let scope = shm_scope(req.headers())?;
     match (action, method, name) {
         ("status", &Method::GET, _) => {
-            let rows = app.service.shm.status(name)?;
+            let rows = app.service.shm.status(&scope, name)?;
             let rows: Vec<Value> = rows
                 .into_iter()
                 .map(|r| {
@@ -593,12 +605,12 @@ async fn system_shared_memory(
             let (name, key) = (name.to_string(), key.to_string());
             app.service
                 .clone()
-                .register_shm(name, key, offset, byte_size)
+                .register_shm(scope, name, key, offset, byte_size)
                 .await?;
             Ok(StatusCode::OK.into_response())
         }
         ("unregister", &Method::POST, _) => {
-            app.service.shm.unregister(name);
+            app.service.shm.unregister(&scope, name);
             Ok(StatusCode::OK.into_response())
         }
         ("status", _, _) => Ok(method_not_allowed(method, "GET")),
@@ -681,6 +693,7 @@ async fn control(
             files.push((path.to_string(), data));
         }
         let load = LoadRequest {
+            caller: Caller::Http,
             repository: repository.to_string(),
             config,
             files,
@@ -696,7 +709,9 @@ async fn control(
                 )
             }
         };
-        app.service.unload(model, repository, dependents).await?;
+        app.service
+            .unload(model, repository, dependents, Caller::Http)
+            .await?;
     }
     Ok(StatusCode::OK.into_response())
 }

@@ -7,9 +7,36 @@ use super::Service;
 use crate::logging::LogSettings;
 use crate::settings::ControlMode;
 
+/// Where a load or unload request came from: the control plane is off by default on the
+/// network front ends in explicit mode (see [`NetworkControl`]), never for the embedding API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// The HTTP front end.
+    Http,
+    /// The gRPC front end.
+    Grpc,
+    /// The process that embeds Wisp (Rust or Python); it chose the repository itself.
+    InProcess,
+}
+
+/// Which network front ends may load and unload models in explicit mode. A front end's control
+/// plane is open when `--allow-unauthenticated-control` is given or when its restricted-API
+/// flag puts the `model-repository` group behind a header (only callers with the key reach
+/// the service then); otherwise a network load lets anyone who can reach the port run code of
+/// their choosing (an ONNX file, a config override), so it is refused.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NetworkControl {
+    /// HTTP may load and unload.
+    pub http: bool,
+    /// gRPC may load and unload.
+    pub grpc: bool,
+}
+
 /// A load request, as the front end parsed it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LoadRequest {
+    /// Where the request came from.
+    pub caller: Caller,
     /// `repository_name` (not supported when non-empty).
     pub repository: String,
     /// A JSON `ModelConfig` replacing `config.pbtxt` (may only narrow a plugin's sandbox).
@@ -99,10 +126,23 @@ fn write_override(model: &str, files: &[(String, Vec<u8>)]) -> Result<tempfile::
     Ok(dir)
 }
 
+impl LoadRequest {
+    /// A plain load (no override, no files) from `caller`.
+    pub fn plain(caller: Caller) -> Self {
+        LoadRequest {
+            caller,
+            repository: String::new(),
+            config: None,
+            files: Vec::new(),
+        }
+    }
+}
+
 impl Service {
-    /// Refuses repository control unless the server runs in explicit mode (and for named
-    /// repositories, which Wisp does not support).
-    fn check_control(&self, repository: &str) -> Result<()> {
+    /// Refuses repository control unless the server runs in explicit mode and the caller's
+    /// front end has its control plane open (and for named repositories, which Wisp does not
+    /// support).
+    fn check_control(&self, repository: &str, caller: Caller) -> Result<()> {
         if !repository.is_empty() {
             return Err(Error::unsupported(
                 "'repository_name' specification is not supported",
@@ -115,12 +155,22 @@ impl Service {
                 format!("{:?}", self.control_mode).to_lowercase()
             )));
         }
+        let (open, flag) = match caller {
+            Caller::InProcess => (true, ""),
+            Caller::Http => (self.network_control.http, "--http-restricted-api"),
+            Caller::Grpc => (self.network_control.grpc, "--grpc-restricted-protocol"),
+        };
+        if !open {
+            return Err(Error::forbidden(format!(
+                "model load / unload over the network is off by default: put it behind a key with {flag} model-repository:<header>=<value>, or start with --allow-unauthenticated-control"
+            )));
+        }
         Ok(())
     }
 
     /// Loads or reloads `model` (off the async workers).
     pub async fn load(&self, model: &str, req: LoadRequest) -> Result<()> {
-        self.check_control(&req.repository)?;
+        self.check_control(&req.repository, req.caller)?;
         if req.config.is_some() && self.signed_only {
             return Err(Error::invalid(
                 "a load request may not override a model's config when --require-signed-models is set (the signed config.pbtxt is what loads)",
@@ -185,8 +235,14 @@ impl Service {
 
     /// Unloads `model` (off the async workers); with `dependents`, also the models it composes
     /// that nothing else loaded uses (Triton's `unload_dependents`).
-    pub async fn unload(&self, model: &str, repository: &str, dependents: bool) -> Result<()> {
-        self.check_control(repository)?;
+    pub async fn unload(
+        &self,
+        model: &str,
+        repository: &str,
+        dependents: bool,
+        caller: Caller,
+    ) -> Result<()> {
+        self.check_control(repository, caller)?;
         let (registry, model) = (self.registry.clone(), model.to_string());
         tokio::task::spawn_blocking(move || {
             if dependents {

@@ -61,6 +61,9 @@ pub struct Decoded {
     pub binary_default: bool,
     /// Inputs to read from shared memory, added to the request by the service.
     pub shm_inputs: Vec<ShmInput>,
+    /// Whose shared memory regions the request's inputs and outputs name (the client's
+    /// token; the shared scope without one).
+    pub shm_scope: super::shm::Scope,
 }
 
 /// What a request produced: the version that ran it and the tensors to return, in the order
@@ -120,6 +123,7 @@ impl Service {
             request,
             outputs,
             binary_default,
+            shm_scope,
             ..
         } = match checked {
             Ok(d) => d,
@@ -150,7 +154,7 @@ impl Service {
                 let what = || format!("output '{}'", spec.name);
                 let w = self
                     .shm
-                    .window(at, t.data.len())
+                    .window(&shm_scope, at, t.data.len())
                     .map_err(|e| e.context(what()))?;
                 writes.push((w, t.data.clone(), what()));
             }
@@ -192,7 +196,7 @@ impl Service {
             .iter()
             .map(|s| {
                 self.shm
-                    .window(&s.at, s.at.byte_size)
+                    .window(&d.shm_scope, &s.at, s.at.byte_size)
                     .map_err(|e| e.context(format!("input '{}'", s.name)))
             })
             .collect::<Result<Vec<_>>>()?;

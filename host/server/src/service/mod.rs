@@ -60,6 +60,8 @@ pub struct Service {
     pub startup_failures: Vec<String>,
     /// Model control mode (load/unload allowed only in explicit mode).
     pub control_mode: ControlMode,
+    /// Which network front ends may load and unload in explicit mode.
+    pub network_control: control::NetworkControl,
     /// `--require-signed-models`: a load request may not replace a model's (signed) config.
     pub signed_only: bool,
     /// Logging settings (logging extension).

@@ -277,6 +277,7 @@ impl Service {
             outputs,
             binary_default: false,
             shm_inputs: Vec::new(),
+            shm_scope: Default::default(),
         })
     }
 }

@@ -52,9 +52,44 @@ struct Region {
     map: Mapping,
 }
 
-/// The registered regions.
+/// The header (HTTP) or metadata key (gRPC) that names a client's shared memory scope.
+pub const TOKEN_HEADER: &str = "wisp-shm-token";
+/// The longest scope token.
+pub const MAX_TOKEN_BYTES: usize = 128;
+
+/// Whose regions a call sees: the token a client presents in [`TOKEN_HEADER`], or none. A
+/// region belongs to the scope that registered it; only calls in that scope can use it in a
+/// request, list it, or unregister it. Clients without a token share one scope, as every
+/// client does in Triton (unless `--shm-require-token`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Scope(String);
+
+impl Scope {
+    /// The scope of a call that sent `token` (the header's value), checked: 1 to
+    /// [`MAX_TOKEN_BYTES`] visible ASCII characters.
+    pub fn from_token(token: Option<&[u8]>) -> Result<Scope> {
+        let Some(t) = token else {
+            return Ok(Scope::default());
+        };
+        if t.is_empty() || t.len() > MAX_TOKEN_BYTES || !t.iter().all(|b| b.is_ascii_graphic()) {
+            return Err(Error::invalid(format!(
+                "header '{TOKEN_HEADER}' must have 1 to {MAX_TOKEN_BYTES} visible ASCII characters"
+            )));
+        }
+        Ok(Scope(String::from_utf8_lossy(t).into_owned()))
+    }
+
+    /// Whether this is the shared scope of clients without a token.
+    pub fn is_shared(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The registered regions, by scope and name.
 pub struct SharedMemory {
-    regions: Mutex<BTreeMap<String, Arc<Region>>>,
+    regions: Mutex<BTreeMap<(Scope, String), Arc<Region>>>,
+    /// Registration needs a token (`--shm-require-token`).
+    require_token: bool,
     /// What every key must start with after its `/`.
     key_prefix: String,
     /// The most bytes all regions may window together.
@@ -76,14 +111,17 @@ impl super::Service {
     /// mapping it is a blocking system call.
     pub async fn register_shm(
         self: Arc<Self>,
+        scope: Scope,
         name: String,
         key: String,
         offset: usize,
         byte_size: usize,
     ) -> Result<()> {
-        tokio::task::spawn_blocking(move || self.shm.register(&name, &key, offset, byte_size))
-            .await
-            .map_err(|_| Error::internal("shared memory registration panicked"))?
+        tokio::task::spawn_blocking(move || {
+            self.shm.register(&scope, &name, &key, offset, byte_size)
+        })
+        .await
+        .map_err(|_| Error::internal("shared memory registration panicked"))?
     }
 }
 
@@ -95,12 +133,31 @@ impl SharedMemory {
             regions: Mutex::default(),
             key_prefix: key_prefix.to_string(),
             max_bytes,
+            require_token: false,
         }
     }
 
+    /// Refuse registrations without a token ([`TOKEN_HEADER`]).
+    pub fn requiring_token(mut self, require: bool) -> Self {
+        self.require_token = require;
+        self
+    }
+
     /// Opens the shm object `key`, checks that `byte_size` bytes at `offset` lie within it, and
-    /// registers that window as `name`.
-    pub fn register(&self, name: &str, key: &str, offset: usize, byte_size: usize) -> Result<()> {
+    /// registers that window as `name` in `scope`.
+    pub fn register(
+        &self,
+        scope: &Scope,
+        name: &str,
+        key: &str,
+        offset: usize,
+        byte_size: usize,
+    ) -> Result<()> {
+        if self.require_token && scope.is_shared() {
+            return Err(Error::forbidden(format!(
+                "shared memory registration needs a '{TOKEN_HEADER}' header on this server (--shm-require-token): regions belong to the token that registered them"
+            )));
+        }
         if name.is_empty() || name.len() > MAX_NAME_BYTES {
             return Err(Error::invalid(format!(
                 "shared memory region name must have 1 to {MAX_NAME_BYTES} bytes"
@@ -121,7 +178,7 @@ impl SharedMemory {
         }
         {
             let regions = self.regions.lock().expect("shm lock");
-            if regions.contains_key(name) {
+            if regions.contains_key(&(scope.clone(), name.to_string())) {
                 return Err(Error::new(
                     wisp_core::ErrorKind::AlreadyExists,
                     format!("shared memory region '{name}' already in manager"),
@@ -136,7 +193,8 @@ impl SharedMemory {
         let map = Mapping::open(key, offset, byte_size)
             .map_err(|e| e.context(format!("shared memory region '{name}'")))?;
         let mut regions = self.regions.lock().expect("shm lock");
-        if regions.contains_key(name) {
+        let id = (scope.clone(), name.to_string());
+        if regions.contains_key(&id) {
             return Err(Error::new(
                 wisp_core::ErrorKind::AlreadyExists,
                 format!("shared memory region '{name}' already in manager"),
@@ -152,7 +210,7 @@ impl SharedMemory {
             )));
         }
         regions.insert(
-            name.to_string(),
+            id,
             Arc::new(Region {
                 status: RegionStatus {
                     name: name.to_string(),
@@ -165,6 +223,7 @@ impl SharedMemory {
         );
         tracing::info!(
             region = name,
+            scoped = !scope.is_shared(),
             key,
             offset,
             byte_size,
@@ -173,35 +232,41 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// Unregisters `name`, or every region when `None`. Requests already using a region keep
-    /// its mapping until they finish. Unknown names are not an error (as in Triton).
-    pub fn unregister(&self, name: Option<&str>) {
+    /// Unregisters `scope`'s region `name`, or every region of `scope` when `None`. Requests
+    /// already using a region keep it open until they finish. Unknown names are not an error
+    /// (as in Triton).
+    pub fn unregister(&self, scope: &Scope, name: Option<&str>) {
         let mut regions = self.regions.lock().expect("shm lock");
         match name {
             Some(n) => {
-                regions.remove(n);
+                regions.remove(&(scope.clone(), n.to_string()));
             }
-            None => regions.clear(),
+            None => regions.retain(|(s, _), _| s != scope),
         }
     }
 
-    /// The status of `name` (NOT_FOUND when it is not registered), or of every region.
-    pub fn status(&self, name: Option<&str>) -> Result<Vec<RegionStatus>> {
+    /// The status of `scope`'s region `name` (NOT_FOUND when it is not registered), or of
+    /// every region of `scope`.
+    pub fn status(&self, scope: &Scope, name: Option<&str>) -> Result<Vec<RegionStatus>> {
         let regions = self.regions.lock().expect("shm lock");
         match name {
             Some(n) => regions
-                .get(n)
+                .get(&(scope.clone(), n.to_string()))
                 .map(|r| vec![r.status.clone()])
                 .ok_or_else(|| unknown(n)),
-            None => Ok(regions.values().map(|r| r.status.clone()).collect()),
+            None => Ok(regions
+                .iter()
+                .filter(|((s, _), _)| s == scope)
+                .map(|(_, r)| r.status.clone())
+                .collect()),
         }
     }
 
-    fn get(&self, name: &str) -> Result<Arc<Region>> {
+    fn get(&self, scope: &Scope, name: &str) -> Result<Arc<Region>> {
         self.regions
             .lock()
             .expect("shm lock")
-            .get(name)
+            .get(&(scope.clone(), name.to_string()))
             .cloned()
             .ok_or_else(|| unknown(name))
     }
@@ -209,8 +274,8 @@ impl SharedMemory {
     /// The first `len` bytes of what `r` names (`len` at most `r.byte_size`), checked to lie
     /// within its region; the region stays open while the window is held, even if it is
     /// unregistered meanwhile.
-    pub fn window(&self, r: &ShmRef, len: usize) -> Result<Window> {
-        let region = self.get(&r.region)?;
+    pub fn window(&self, scope: &Scope, r: &ShmRef, len: usize) -> Result<Window> {
+        let region = self.get(scope, &r.region)?;
         if len > r.byte_size {
             return Err(Error::invalid(format!(
                 "shared memory region '{}': the output has {len} bytes, more than the {} requested",
@@ -221,14 +286,14 @@ impl SharedMemory {
         Ok(Window { region, range })
     }
 
-    /// A copy of the bytes `r` names.
-    pub fn read(&self, r: &ShmRef) -> Result<Bytes> {
-        self.window(r, r.byte_size)?.read()
+    /// A copy of the bytes `r` names in `scope`.
+    pub fn read(&self, scope: &Scope, r: &ShmRef) -> Result<Bytes> {
+        self.window(scope, r, r.byte_size)?.read()
     }
 
-    /// Writes `data` where `r` names; it must fit in `r.byte_size`.
-    pub fn write(&self, r: &ShmRef, data: &[u8]) -> Result<()> {
-        self.window(r, data.len())?.write(data)
+    /// Writes `data` where `r` names in `scope`; it must fit in `r.byte_size`.
+    pub fn write(&self, scope: &Scope, r: &ShmRef, data: &[u8]) -> Result<()> {
+        self.window(scope, r, data.len())?.write(data)
     }
 }
 
@@ -490,6 +555,8 @@ use mapping::Mapping;
 mod tests {
     use super::*;
 
+    const SHARED: Scope = Scope(String::new());
+
     /// A shm object of `size` bytes for one test, removed on drop.
     struct Object(String);
 
@@ -531,42 +598,51 @@ mod tests {
         let obj = Object::new("rt", 10_000);
         let shm = SharedMemory::default();
         // a window that starts off a page boundary
-        shm.register("r", &obj.0, 5000, 4000).unwrap();
-        shm.write(&at("r", 10, 8), b"abcdefgh").unwrap();
-        assert_eq!(&shm.read(&at("r", 12, 4)).unwrap()[..], b"cdef");
+        shm.register(&SHARED, "r", &obj.0, 5000, 4000).unwrap();
+        shm.write(&SHARED, &at("r", 10, 8), b"abcdefgh").unwrap();
+        assert_eq!(&shm.read(&SHARED, &at("r", 12, 4)).unwrap()[..], b"cdef");
         // a second window over the same bytes sees the write
-        shm.register("r2", &obj.0, 5010, 8).unwrap();
-        assert_eq!(&shm.read(&at("r2", 0, 8)).unwrap()[..], b"abcdefgh");
-        assert!(shm.read(&at("r", 3990, 11)).is_err(), "past the window");
-        assert!(shm.read(&at("r", usize::MAX, 2)).is_err(), "overflow");
+        shm.register(&SHARED, "r2", &obj.0, 5010, 8).unwrap();
+        assert_eq!(
+            &shm.read(&SHARED, &at("r2", 0, 8)).unwrap()[..],
+            b"abcdefgh"
+        );
         assert!(
-            shm.write(&at("r", 0, 2), b"abc").is_err(),
+            shm.read(&SHARED, &at("r", 3990, 11)).is_err(),
+            "past the window"
+        );
+        assert!(
+            shm.read(&SHARED, &at("r", usize::MAX, 2)).is_err(),
+            "overflow"
+        );
+        assert!(
+            shm.write(&SHARED, &at("r", 0, 2), b"abc").is_err(),
             "more than asked"
         );
-        let e = shm.register("r", &obj.0, 0, 1).unwrap_err();
+        let e = shm.register(&SHARED, "r", &obj.0, 0, 1).unwrap_err();
         assert!(e.message().contains("already in manager"), "{e}");
         assert!(
-            shm.register("big", &obj.0, 9000, 1001).is_err(),
+            shm.register(&SHARED, "big", &obj.0, 9000, 1001).is_err(),
             "past the object"
         );
-        assert_eq!(shm.status(None).unwrap().len(), 2);
-        shm.unregister(Some("r"));
-        assert!(shm.read(&at("r", 0, 1)).is_err());
+        assert_eq!(shm.status(&SHARED, None).unwrap().len(), 2);
+        shm.unregister(&SHARED, Some("r"));
+        assert!(shm.read(&SHARED, &at("r", 0, 1)).is_err());
         assert_eq!(
-            shm.status(Some("r")).unwrap_err().kind(),
+            shm.status(&SHARED, Some("r")).unwrap_err().kind(),
             wisp_core::ErrorKind::NotFound
         );
-        shm.unregister(None);
-        assert!(shm.status(None).unwrap().is_empty());
+        shm.unregister(&SHARED, None);
+        assert!(shm.status(&SHARED, None).unwrap().is_empty());
     }
 
     #[test]
     fn a_region_unregistered_while_in_use_stays_mapped_for_its_user() {
         let obj = Object::new("use", 4096);
         let shm = SharedMemory::default();
-        shm.register("r", &obj.0, 0, 4096).unwrap();
-        let held = shm.get("r").unwrap();
-        shm.unregister(Some("r"));
+        shm.register(&SHARED, "r", &obj.0, 0, 4096).unwrap();
+        let held = shm.get(&SHARED, "r").unwrap();
+        shm.unregister(&SHARED, Some("r"));
         held.map.write(0, b"still here").unwrap();
         assert_eq!(&held.map.read(0..10).unwrap()[..], b"still here");
     }
@@ -579,8 +655,9 @@ mod tests {
     fn an_object_shrunk_under_its_region_is_an_error_not_a_crash() {
         let obj = Object::new("shrink", 1 << 20);
         let shm = SharedMemory::default();
-        shm.register("r", &obj.0, 4096, (1 << 20) - 4096).unwrap();
-        shm.write(&at("r", 0, 4), b"abcd").unwrap();
+        shm.register(&SHARED, "r", &obj.0, 4096, (1 << 20) - 4096)
+            .unwrap();
+        shm.write(&SHARED, &at("r", 0, 4), b"abcd").unwrap();
         let resize = |size: usize| {
             let c = std::ffi::CString::new(obj.0.clone()).unwrap();
             // SAFETY: C calls on the object this test created.
@@ -592,35 +669,41 @@ mod tests {
             }
         };
         resize(0);
-        let e = shm.read(&at("r", 0, 4)).unwrap_err();
+        let e = shm.read(&SHARED, &at("r", 0, 4)).unwrap_err();
         assert_eq!(e.kind(), wisp_core::ErrorKind::InvalidArg, "{e}");
         assert!(e.message().contains("region 'r'"), "{e}");
         assert!(e.message().contains("shrank to 0 bytes"), "{e}");
-        let e = shm.write(&at("r", 100, 4), b"wxyz").unwrap_err();
+        let e = shm.write(&SHARED, &at("r", 100, 4), b"wxyz").unwrap_err();
         assert!(e.message().contains("shrank"), "{e}");
         // A partial shrink: the start still reads, the far end does not.
         resize(8192);
-        assert_eq!(&shm.read(&at("r", 0, 4)).unwrap()[..], &[0, 0, 0, 0]);
-        assert!(shm.read(&at("r", 8192, 4)).is_err());
-        assert!(shm.write(&at("r", 4096, 1), b"x").is_err());
+        assert_eq!(
+            &shm.read(&SHARED, &at("r", 0, 4)).unwrap()[..],
+            &[0, 0, 0, 0]
+        );
+        assert!(shm.read(&SHARED, &at("r", 8192, 4)).is_err());
+        assert!(shm.write(&SHARED, &at("r", 4096, 1), b"x").is_err());
         resize(1 << 20);
-        shm.write(&at("r", 500_000, 4), b"back").unwrap();
-        assert_eq!(&shm.read(&at("r", 500_000, 4)).unwrap()[..], b"back");
+        shm.write(&SHARED, &at("r", 500_000, 4), b"back").unwrap();
+        assert_eq!(
+            &shm.read(&SHARED, &at("r", 500_000, 4)).unwrap()[..],
+            b"back"
+        );
     }
 
     #[test]
     fn keys_need_the_prefix_and_regions_fit_the_byte_cap() {
         let obj = Object::new("cap", 8192);
         let shm = SharedMemory::new("wisp-test-cap", 6000);
-        shm.register("a", &obj.0, 0, 4096).unwrap();
-        let e = shm.register("b", &obj.0, 0, 4096).unwrap_err();
+        shm.register(&SHARED, "a", &obj.0, 0, 4096).unwrap();
+        let e = shm.register(&SHARED, "b", &obj.0, 0, 4096).unwrap_err();
         assert_eq!(e.kind(), wisp_core::ErrorKind::Exhausted, "{e}");
         assert!(e.message().contains("--shm-max-bytes"), "{e}");
-        shm.register("b", &obj.0, 4096, 1904).unwrap();
-        shm.unregister(Some("a"));
-        shm.register("c", &obj.0, 0, 4096).unwrap();
+        shm.register(&SHARED, "b", &obj.0, 4096, 1904).unwrap();
+        shm.unregister(&SHARED, Some("a"));
+        shm.register(&SHARED, "c", &obj.0, 0, 4096).unwrap();
         let other = SharedMemory::new("elsewhere", 1 << 20);
-        let e = other.register("r", &obj.0, 0, 1).unwrap_err();
+        let e = other.register(&SHARED, "r", &obj.0, 0, 1).unwrap_err();
         assert_eq!(e.kind(), wisp_core::ErrorKind::InvalidArg, "{e}");
         assert!(e.message().contains("--shm-key-prefix"), "{e}");
     }
@@ -629,12 +712,59 @@ mod tests {
     fn keys_must_name_shm_objects() {
         let shm = SharedMemory::default();
         for key in ["", "/", "noslash", "/a/b", "/..", "/etc/passwd"] {
-            assert!(shm.register("r", key, 0, 1).is_err(), "{key}");
+            assert!(shm.register(&SHARED, "r", key, 0, 1).is_err(), "{key}");
         }
-        let e = shm.register("r", "/wisp-no-such-object", 0, 1).unwrap_err();
+        let e = shm
+            .register(&SHARED, "r", "/wisp-no-such-object", 0, 1)
+            .unwrap_err();
         assert!(
             e.message().contains("Unable to open shared memory region"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn regions_belong_to_the_token_that_registered_them() {
+        let obj = Object::new("scope", 8192);
+        let shm = SharedMemory::default();
+        let (alice, bob) = (
+            Scope::from_token(Some(b"alice")).unwrap(),
+            Scope::from_token(Some(b"bob")).unwrap(),
+        );
+        shm.register(&alice, "r", &obj.0, 0, 4096).unwrap();
+        shm.write(&alice, &at("r", 0, 4), b"mine").unwrap();
+        // Nobody else sees, reads, writes or unregisters it...
+        for other in [&bob, &SHARED] {
+            assert_eq!(
+                shm.read(other, &at("r", 0, 4)).unwrap_err().kind(),
+                wisp_core::ErrorKind::NotFound
+            );
+            assert!(shm.write(other, &at("r", 0, 4), b"evil").is_err());
+            assert!(shm.status(other, None).unwrap().is_empty());
+            shm.unregister(other, Some("r"));
+            shm.unregister(other, None);
+        }
+        assert_eq!(&shm.read(&alice, &at("r", 0, 4)).unwrap()[..], b"mine");
+        // ... and the same name is free in another scope.
+        shm.register(&bob, "r", &obj.0, 4096, 4096).unwrap();
+        assert_eq!(shm.status(&alice, None).unwrap()[0].offset, 0);
+        assert_eq!(shm.status(&bob, None).unwrap()[0].offset, 4096);
+        shm.unregister(&alice, None);
+        assert!(shm.status(&alice, None).unwrap().is_empty());
+        assert_eq!(shm.status(&bob, None).unwrap().len(), 1);
+
+        for bad in [
+            &b""[..],
+            b"has space",
+            &[b'a'; MAX_TOKEN_BYTES + 1],
+            b"\xff",
+        ] {
+            assert!(Scope::from_token(Some(bad)).is_err(), "{bad:?}");
+        }
+        let strict = SharedMemory::default().requiring_token(true);
+        let e = strict.register(&SHARED, "r", &obj.0, 0, 1).unwrap_err();
+        assert_eq!(e.kind(), wisp_core::ErrorKind::Forbidden);
+        assert!(e.message().contains(TOKEN_HEADER), "{e}");
+        strict.register(&alice, "r", &obj.0, 0, 1).unwrap();
     }
 }
