@@ -203,6 +203,37 @@ pub fn sign(model_dir: &Path, version: u64, key: &SigningKey) -> std::io::Result
     std::fs::write(dir.join(SIGNATURE), format!("{}\n", hex(&sig.to_bytes())))
 }
 
+/// The bytes of `version`'s manifest, its signature checked; `None` when it has none (an
+/// error when `v` requires one).
+fn signed_manifest(
+    model_dir: &Path,
+    version: u64,
+    v: &Verification,
+) -> Result<Option<Vec<u8>>, String> {
+    let dir = model_dir.join(version.to_string());
+    let small = wisp_core::repository::MAX_SMALL_FILE_BYTES;
+    let manifest = match wisp_core::repository::read_regular(&dir.join(MANIFEST), small) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return if v.required {
+                Err(format!(
+                    "version {version} has no {MANIFEST} and --require-signed-models is set"
+                ))
+            } else {
+                Ok(None)
+            };
+        }
+        Err(e) => return Err(format!("cannot read {version}/{MANIFEST}: {}", e.kind())),
+    };
+    let sig_text = wisp_core::repository::read_regular_text(&dir.join(SIGNATURE), small)
+        .map_err(|e| format!("cannot read {version}/{SIGNATURE}: {}", e.kind()))?;
+    let sig = Signature::from_bytes(&unhex::<64>(&sig_text, SIGNATURE)?);
+    v.key.verify(&manifest, &sig).map_err(|_| {
+        format!("the signature of {version}/{MANIFEST} does not verify with --model-verify-key")
+    })?;
+    Ok(Some(manifest))
+}
+
 /// The SHA-256 the signed manifest of `version` lists for `rel` (a path relative to the model
 /// directory), its signature checked again on the bytes read here; `None` when the version has
 /// no manifest (and none is required).
@@ -212,19 +243,9 @@ pub fn signed_sha256(
     rel: &Path,
     v: &Verification,
 ) -> Result<Option<[u8; 32]>, String> {
-    let dir = model_dir.join(version.to_string());
-    let small = wisp_core::repository::MAX_SMALL_FILE_BYTES;
-    let manifest = match wisp_core::repository::read_regular(&dir.join(MANIFEST), small) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !v.required => return Ok(None),
-        Err(e) => return Err(format!("cannot read {version}/{MANIFEST}: {}", e.kind())),
+    let Some(manifest) = signed_manifest(model_dir, version, v)? else {
+        return Ok(None);
     };
-    let sig_text = wisp_core::repository::read_regular_text(&dir.join(SIGNATURE), small)
-        .map_err(|e| format!("cannot read {version}/{SIGNATURE}: {}", e.kind()))?;
-    let sig = Signature::from_bytes(&unhex::<64>(&sig_text, SIGNATURE)?);
-    v.key.verify(&manifest, &sig).map_err(|_| {
-        format!("the signature of {version}/{MANIFEST} does not verify with --model-verify-key")
-    })?;
     let name = rel.to_string_lossy().replace('\\', "/");
     let text = String::from_utf8_lossy(&manifest);
     let hash = text
@@ -239,27 +260,9 @@ pub fn signed_sha256(
 /// Checks a version against `v`: `Ok` when it verifies, or when it has no manifest and none is
 /// required; otherwise why not.
 pub fn verify(model_dir: &Path, version: u64, v: &Verification) -> Result<(), String> {
-    let dir = model_dir.join(version.to_string());
-    let small = wisp_core::repository::MAX_SMALL_FILE_BYTES;
-    let manifest = match wisp_core::repository::read_regular(&dir.join(MANIFEST), small) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return if v.required {
-                Err(format!(
-                    "version {version} has no {MANIFEST} and --require-signed-models is set"
-                ))
-            } else {
-                Ok(())
-            };
-        }
-        Err(e) => return Err(format!("cannot read {version}/{MANIFEST}: {}", e.kind())),
+    let Some(manifest) = signed_manifest(model_dir, version, v)? else {
+        return Ok(());
     };
-    let sig_text = wisp_core::repository::read_regular_text(&dir.join(SIGNATURE), small)
-        .map_err(|e| format!("cannot read {version}/{SIGNATURE}: {}", e.kind()))?;
-    let sig = Signature::from_bytes(&unhex::<64>(&sig_text, SIGNATURE)?);
-    v.key.verify(&manifest, &sig).map_err(|_| {
-        format!("the signature of {version}/{MANIFEST} does not verify with --model-verify-key")
-    })?;
     let now = manifest_text(model_dir, version)
         .map_err(|e| format!("cannot hash the model's files: {}", e.kind()))?;
     let signed = String::from_utf8_lossy(&manifest);

@@ -189,11 +189,17 @@ proptest! {
                 name: format!("t{i}"),
                 datatype: dt.to_string(),
                 shape,
+                // Every typed field at once: the decoder takes the one the datatype names and
+                // must refuse or ignore the rest, whatever their counts.
                 contents: (!raw).then(|| pb::InferTensorContents {
                     int_contents: ints.clone(),
+                    int64_contents: ints.iter().map(|&v| i64::from(v) << 20).collect(),
+                    uint_contents: ints.iter().map(|&v| v as u32).collect(),
+                    uint64_contents: ints.iter().map(|&v| u64::from(v as u32) << 20).collect(),
+                    bool_contents: ints.iter().map(|&v| v & 1 == 1).collect(),
                     fp32_contents: ints.iter().map(|&v| v as f32).collect(),
+                    fp64_contents: ints.iter().map(|&v| f64::from(v) / 3.0).collect(),
                     bytes_contents: vec![bytes.clone()],
-                    ..Default::default()
                 }),
                 ..Default::default()
             });
