@@ -325,6 +325,23 @@ fn stream_flags(
         .chain([("triton_final_response".to_string(), last)])
 }
 
+/// The memory typed contents hold once decoded: each element at its in-memory size (prost's
+/// `encoded_len` undercounts packed varints up to eightfold).
+fn decoded_bytes(c: &pb::InferTensorContents) -> u64 {
+    let n = |len: usize, size: usize| (len as u64).saturating_mul(size as u64);
+    n(c.bool_contents.len(), 1)
+        + n(c.int_contents.len(), 4)
+        + n(c.uint_contents.len(), 4)
+        + n(c.fp32_contents.len(), 4)
+        + n(c.int64_contents.len(), 8)
+        + n(c.uint64_contents.len(), 8)
+        + n(c.fp64_contents.len(), 8)
+        + c.bytes_contents
+            .iter()
+            .map(|b| b.len() as u64 + 4)
+            .sum::<u64>()
+}
+
 async fn infer(
     service: &Service,
     mut req: pb::ModelInferRequest,
@@ -332,8 +349,9 @@ async fn infer(
     scope: &Scope,
 ) -> Result<pb::ModelInferResponse, Error> {
     let received = std::time::Instant::now();
-    // Raw contents are sliced from the message without copies; typed contents are converted
-    // into a second buffer of about their size.
+    // Raw contents are sliced from the message without copies; typed contents are held as
+    // decoded (a packed varint of one byte is eight in an int64 vector) and converted into a
+    // second buffer of their element size.
     let size: u64 = req
         .raw_input_contents
         .iter()
@@ -343,7 +361,7 @@ async fn infer(
             .inputs
             .iter()
             .filter_map(|t| t.contents.as_ref())
-            .map(|c| 2 * prost::Message::encoded_len(c) as u64)
+            .map(|c| 2 * decoded_bytes(c))
             .sum::<u64>();
     let _budget = service.admit(size)?;
     let version = (!req.model_version.is_empty()).then(|| std::mem::take(&mut req.model_version));
@@ -907,5 +925,24 @@ impl GrpcInferenceService for GrpcService {
         );
         put("log_format", Out::StringParam(s.log_format));
         Ok(Response::new(pb::LogSettingsResponse { settings }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A million small int64s encode in about a megabyte but hold eight: the charge is the
+    /// decoded size, not the encoded one.
+    #[test]
+    fn typed_contents_are_charged_at_their_decoded_size() {
+        let c = pb::InferTensorContents {
+            int64_contents: vec![1; 1 << 20],
+            bool_contents: vec![true; 10],
+            bytes_contents: vec![b"abc".to_vec()],
+            ..Default::default()
+        };
+        assert!(prost::Message::encoded_len(&c) < 2 << 20);
+        assert_eq!(decoded_bytes(&c), (8 << 20) + 10 + 7);
     }
 }
