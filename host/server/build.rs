@@ -9,6 +9,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(false)
         .build_server(true)
         .build_transport(false)
+        // prost's codec, with infer requests charged to the budget before they are decoded
+        .codec_path("crate::grpc::codec::BudgetCodec")
         // tensor payloads as `Bytes`: slicing, no copies
         .bytes(".inference.ModelInferRequest.raw_input_contents")
         .bytes(".inference.ModelInferResponse.raw_output_contents")

@@ -813,6 +813,79 @@ async fn gzip_bodies_are_charged_as_they_inflate() {
     still_serves(&mut c).await;
 }
 
+/// One 60 MB gRPC message of packed one-byte int64 varints decodes to 480 MB of `i64`s (and the
+/// service would convert them into as much again). The codec walks the message and charges
+/// what it will decode to before prost allocates anything: past a 128 MiB budget the call gets
+/// RESOURCE_EXHAUSTED, over unary and stream alike, and memory never sees the vectors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_typed_contents_are_charged_before_they_are_decoded() {
+    let budget = 128u64 << 20;
+    let child = spawn_wisp(
+        &fixture_repo(),
+        &["--max-inflight-bytes", &budget.to_string()],
+        None,
+    );
+    let (pid, grpc) = (child.pid(), child.grpc);
+    let mut c = connect_when_up(child.http).await;
+    still_serves(&mut c).await;
+    let before = peak_rss_bytes(pid);
+    let n = 60usize << 20;
+    let req = pb::ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![pb::model_infer_request::InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "INT64".into(),
+            shape: vec![1, n as i64],
+            contents: Some(pb::InferTensorContents {
+                int64_contents: vec![1; n],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let mut g = GrpcClient::connect(grpc).await.unwrap();
+    let (code, msg) = g
+        .unary::<_, pb::ModelInferResponse>("ModelInfer", &req)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(code, 8, "RESOURCE_EXHAUSTED: {msg}");
+    assert!(msg.contains("max-inflight-bytes"), "{msg}");
+    // The same message on a stream ends the stream with the same code.
+    let framed = wisp_tests::grpc_frame(&req);
+    drop(req);
+    let stream = wisp_tests::grpc_request("ModelStreamInfer")
+        .body(http_body_util::Full::new(framed))
+        .unwrap();
+    let tcp = tokio::net::TcpStream::connect(grpc).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let resp = sender.send_request(stream).await.unwrap();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap();
+    let status = body
+        .trailers()
+        .and_then(|t| t.get("grpc-status"))
+        .map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(status.as_deref(), Some("8"));
+    let grew = peak_rss_bytes(pid).saturating_sub(before);
+    assert!(
+        grew < 3 * (n as u64) + (64 << 20),
+        "peak memory grew {} MB for a {} MB message (its int64s alone are {} MB)",
+        grew >> 20,
+        n >> 20,
+        (8 * n) >> 20
+    );
+    still_serves(&mut c).await;
+}
+
 /// A body that declares 60 MB and sends a few bytes: the room its declared length would take is
 /// charged to the in-flight budget before it is reserved, so with a 16 MiB budget the request
 /// is refused with a 503 as soon as its second frame arrives, not held until its body times out.

@@ -217,6 +217,12 @@ proptest! {
                 parameters,
             });
         }
+        // The codec's pre-decode charge is exactly what decoding will hold.
+        let walked = crate::grpc::codec::infer_request_cost(&prost::Message::encode_to_vec(&req));
+        let decoded: u64 = req.raw_input_contents.iter().map(|r| r.len() as u64).sum::<u64>()
+            + req.inputs.iter().filter_map(|t| t.contents.as_ref())
+                .map(|c| 2 * crate::grpc::decoded_bytes(c)).sum::<u64>();
+        prop_assert_eq!(walked, decoded);
         if let Ok(d) = crate::grpc::decode(req) {
             d.request.inputs.iter().for_each(consistent);
         }

@@ -582,7 +582,10 @@ impl Server {
                 .add_service(health_svc)
                 .into_axum_router()
                 .layer(axum::middleware::from_fn_with_state(
-                    Arc::new(resolved.grpc_restricted),
+                    Arc::new(grpc::GuardState {
+                        restricted: resolved.grpc_restricted,
+                        budget: service.budget.clone(),
+                    }),
                     grpc::guard,
                 ));
             let (limits, gate, rx) = (limits.clone(), gate.clone(), rx.clone());

@@ -2,6 +2,8 @@
 //! `grpc.health.v1.Health`) over tonic, a thin codec over the [`Service`] the HTTP front end
 //! also calls. Errors map to gRPC codes in [`status`], the one place that does it.
 
+pub mod codec;
+
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -47,16 +49,28 @@ pub fn status(e: Error) -> Status {
     Status::new(code, e.message().to_string())
 }
 
+/// What [`guard`] needs: the restricted groups and the in-flight budget.
+pub struct GuardState {
+    /// `--grpc-restricted-protocol`.
+    pub restricted: crate::restricted::Restrictions,
+    /// The service's in-flight budget.
+    pub budget: Arc<tokio::sync::Semaphore>,
+}
+
 /// Runs before every gRPC call: refuses calls to restricted groups that lack their header
 /// (Triton's `--grpc-restricted-protocol`: UNAVAILABLE, Triton's message), and reports a request
 /// over `--grpc-max-message-size` as RESOURCE_EXHAUSTED, gRPC's code for it, where tonic says
 /// OUT_OF_RANGE. (A unary call's size error is in the response headers, which is where it is
 /// rewritten; a stream's is mapped where `model_stream_infer` reads its messages.)
+///
+/// It also runs the call under a [`codec::CALL`] budget slot, where the codec charges an infer
+/// request before decoding it.
 pub async fn guard(
-    axum::extract::State(restricted): axum::extract::State<Arc<crate::restricted::Restrictions>>,
+    axum::extract::State(state): axum::extract::State<Arc<GuardState>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    let restricted = &state.restricted;
     if let Some(group) = crate::restricted::ApiGroup::of_grpc(req.uri().path()) {
         let headers = req.headers();
         if let Err(header) = restricted.check(group, |h| headers.get(h).map(|v| v.as_bytes())) {
@@ -66,7 +80,9 @@ pub async fn guard(
             .into_http();
         }
     }
-    let mut resp = next.run(req).await;
+    let mut resp = codec::CALL
+        .scope(codec::CallBudget::new(&state.budget), next.run(req))
+        .await;
     let h = resp.headers_mut();
     let oversize = h.get("grpc-status").is_some_and(|v| v == "11")
         && h.get("grpc-message")
@@ -327,7 +343,7 @@ fn stream_flags(
 
 /// The memory typed contents hold once decoded: each element at its in-memory size (prost's
 /// `encoded_len` undercounts packed varints up to eightfold).
-fn decoded_bytes(c: &pb::InferTensorContents) -> u64 {
+pub(crate) fn decoded_bytes(c: &pb::InferTensorContents) -> u64 {
     let n = |len: usize, size: usize| (len as u64).saturating_mul(size as u64);
     n(c.bool_contents.len(), 1)
         + n(c.int_contents.len(), 4)
@@ -347,6 +363,7 @@ async fn infer(
     mut req: pb::ModelInferRequest,
     trace_parent: Option<TraceParent>,
     scope: &Scope,
+    charged: Option<crate::service::Charge>,
 ) -> Result<pb::ModelInferResponse, Error> {
     let received = std::time::Instant::now();
     // Raw contents are sliced from the message without copies; typed contents are held as
@@ -363,7 +380,12 @@ async fn infer(
             .filter_map(|t| t.contents.as_ref())
             .map(|c| 2 * decoded_bytes(c))
             .sum::<u64>();
-    let _budget = service.admit(size)?;
+    // Charged by the codec before decoding when the call came through the front end; charged
+    // here when the service trait is called directly.
+    let _budget = match charged {
+        Some(charge) => charge,
+        None => service.admit(size)?,
+    };
     let version = (!req.model_version.is_empty()).then(|| std::mem::take(&mut req.model_version));
     let m = service.model(&req.model_name, version.as_deref())?;
     let decoded = decode(req).map(|mut d| {
@@ -507,10 +529,16 @@ impl GrpcInferenceService for GrpcService {
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let parent = trace_parent(r.metadata());
         let scope = shm_scope(r.metadata()).map_err(status)?;
-        infer(&self.service, r.into_inner(), parent, &scope)
-            .await
-            .map(Response::new)
-            .map_err(status)
+        infer(
+            &self.service,
+            r.into_inner(),
+            parent,
+            &scope,
+            codec::take_charge(),
+        )
+        .await
+        .map(Response::new)
+        .map_err(status)
     }
 
     type ModelStreamInferStream = ResponseStream;
@@ -529,7 +557,9 @@ impl GrpcInferenceService for GrpcService {
         // has not read yet: past it the next message is not read, so a client that does not read
         // its responses is slowed down by HTTP/2 flow control instead of buffered without limit.
         let in_flight = Arc::new(tokio::sync::Semaphore::new(self.stream_in_flight));
-        tokio::spawn(async move {
+        // Messages are decoded in this task as it reads them: under its own budget slot.
+        let slot = codec::CallBudget::new(&service.budget);
+        tokio::spawn(codec::CALL.scope(slot, async move {
             // The requests of one sequence reach the model in stream order: each waits for the
             // one before it (a sequence runs one request at a time anyway).
             let mut sequences: HashMap<String, tokio::sync::oneshot::Receiver<()>> = HashMap::new();
@@ -540,8 +570,8 @@ impl GrpcInferenceService for GrpcService {
                 let Some(next) = inbound.next().await else {
                     break;
                 };
-                let req = match next {
-                    Ok(req) => req,
+                let (req, charged) = match next {
+                    Ok(req) => (req, codec::take_charge()),
                     Err(e) => {
                         // The stream ends with the decode error, an oversize message reported
                         // as RESOURCE_EXHAUSTED as for unary calls.
@@ -576,7 +606,7 @@ impl GrpcInferenceService for GrpcService {
                     let _done = done;
                     let id = req.id.clone();
                     let flags = stream_flags(&req.parameters);
-                    let mut msg = match infer(&service, req, stream_parent, &scope).await {
+                    let mut msg = match infer(&service, req, stream_parent, &scope, charged).await {
                         Ok(resp) => pb::ModelStreamInferResponse {
                             error_message: String::new(),
                             infer_response: Some(resp),
@@ -595,7 +625,7 @@ impl GrpcInferenceService for GrpcService {
                     let _ = tx.send(Ok(msg)).await;
                 });
             }
-        });
+        }));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
