@@ -14,6 +14,7 @@
 
 mod convert;
 mod discover;
+mod known_wrong;
 #[cfg_attr(not(feature = "onnxruntime"), path = "ort_disabled.rs")]
 mod ort_engine;
 mod tract_engine;
@@ -111,7 +112,7 @@ impl Backend for OnnxBackend {
         let inter = threads.inter_op.unwrap_or(1);
         let engine: Engine = match &self.ort {
             Some(ort) => {
-                tract_engine::refuse_known_wrong(&proto, tract_engine::KnownWrong::OnnxRuntime)?;
+                known_wrong::refuse_known_wrong(&proto, known_wrong::KnownWrong::OnnxRuntime)?;
                 // Sessions are built from the bytes checked here, not from the path again.
                 let bytes = (!tract_engine::has_external_data(&proto)).then(|| bytes.into());
                 drop(proto);

@@ -149,113 +149,6 @@ pub(crate) fn has_external_data(proto: &pb::ModelProto) -> bool {
     })
 }
 
-/// What tract computes wrongly, found by ONNX's own backend test cases through
-/// `./dev test engines` (`benches/2026-12-04-engines.md`): a model using any of these is
-/// refused at load on tract, naming the operator, rather than answered wrongly. ONNX Runtime
-/// serves them.
-fn tract_gets_wrong(node: &pb::NodeProto, has_fp16: bool) -> Option<String> {
-    let attr = |name: &str| node.attribute.iter().find(|a| a.name == name);
-    let text = |name: &str| attr(name).map(|a| String::from_utf8_lossy(&a.s).into_owned());
-    let input = |i: usize| node.input.get(i).is_some_and(|n| !n.is_empty());
-    let why = match node.op_type.as_str() {
-        "GRU" | "LSTM" | "RNN" if text("direction").as_deref() == Some("reverse") => {
-            "direction 'reverse'".to_string()
-        }
-        "GRU" if text("direction").as_deref() == Some("bidirectional") => {
-            "direction 'bidirectional'".to_string()
-        }
-        "GRU" | "LSTM" | "RNN" if input(4) => "a sequence_lens input".to_string(),
-        "BitShift" => "shifts by a negative amount or past the width".to_string(),
-        "Celu" if has_fp16 => "FLOAT16 tensors".to_string(),
-        "SpaceToDepth" if text("mode").is_some_and(|m| m != "DCR") => {
-            format!("mode '{}'", text("mode").unwrap_or_default())
-        }
-        "Swish" if attr("alpha").is_some_and(|a| a.f != 1.0) => "an alpha other than 1".to_string(),
-        "Attention"
-            if attr("left_window_size").is_some() || attr("right_window_size").is_some() =>
-        {
-            "a local attention window".to_string()
-        }
-        "Attention" if attr("is_causal").is_some_and(|a| a.i != 0) && input(4) => {
-            "is_causal and a past key".to_string()
-        }
-        _ => return None,
-    };
-    Some(format!(
-        "tract computes ONNX {} with {why} wrongly; serve this model with --onnx-engine onnxruntime",
-        node.op_type
-    ))
-}
-
-/// What ONNX Runtime computes wrongly, found the same way: a model using it is refused at load
-/// on ONNX Runtime, naming the operator. (tract refuses it too: it cannot plan it.)
-fn ort_gets_wrong(node: &pb::NodeProto, _has_fp16: bool) -> Option<String> {
-    let input = |i: usize| node.input.get(i).is_some_and(|n| !n.is_empty());
-    let why = match node.op_type.as_str() {
-        "MaxUnpool" if input(2) => "an output_shape input",
-        _ => return None,
-    };
-    Some(format!(
-        "ONNX Runtime computes ONNX {} with {why} wrongly (ONNX's own test case expects another answer)",
-        node.op_type
-    ))
-}
-
-/// Which engine's table of known wrong answers to check.
-pub(crate) enum KnownWrong {
-    /// `tract_gets_wrong`.
-    Tract,
-    /// `ort_gets_wrong`.
-    OnnxRuntime,
-}
-
-/// The first node of `graph` (or of a graph nested in a node's attributes) that `rule` says
-/// its engine gets wrong, as the reason to refuse the model.
-fn known_wrong(
-    graph: &pb::GraphProto,
-    has_fp16: bool,
-    rule: fn(&pb::NodeProto, bool) -> Option<String>,
-) -> Option<String> {
-    graph.node.iter().find_map(|node| {
-        rule(node, has_fp16).or_else(|| {
-            node.attribute
-                .iter()
-                .flat_map(|a| a.g.iter().chain(a.graphs.iter()))
-                .find_map(|g| known_wrong(g, has_fp16, rule))
-        })
-    })
-}
-
-/// Refuses a model whose graph uses what `engine` is known to compute wrongly.
-pub(crate) fn refuse_known_wrong(proto: &pb::ModelProto, engine: KnownWrong) -> Result<()> {
-    let rule = match engine {
-        KnownWrong::Tract => tract_gets_wrong,
-        KnownWrong::OnnxRuntime => ort_gets_wrong,
-    };
-    let graph = proto.graph.as_ref();
-    match graph.and_then(|g| known_wrong(g, declares_fp16(g), rule)) {
-        Some(why) => Err(Error::unsupported(why)),
-        None => Ok(()),
-    }
-}
-
-/// Whether any declared tensor of `graph` is FLOAT16.
-fn declares_fp16(graph: &pb::GraphProto) -> bool {
-    let fp16 = |v: &pb::ValueInfoProto| {
-        matches!(
-            v.r#type.as_ref().and_then(|t| t.value.as_ref()),
-            Some(pb::type_proto::Value::TensorType(t)) if t.elem_type == 10
-        )
-    };
-    graph
-        .input
-        .iter()
-        .chain(&graph.output)
-        .chain(&graph.value_info)
-        .any(fp16)
-        || graph.initializer.iter().any(|t| t.data_type == 10)
-}
-
 /// The inputs (initializers excluded) and outputs an ONNX file declares.
 pub(crate) fn describe(file: &Path) -> Result<ModelIo> {
     model_io(file, &read_proto(file)?)
@@ -343,7 +236,7 @@ impl TractModel {
         io: &ModelIo,
         spec: &Spec,
     ) -> Result<Self> {
-        refuse_known_wrong(&proto, KnownWrong::Tract)?;
+        crate::known_wrong::refuse_known_wrong(&proto, crate::known_wrong::KnownWrong::Tract)?;
         // Built from the bytes read and checked once (tract's own path loader maps the file);
         // external data, if any, is looked up beside the file as tract does.
         let cannot = |e: &dyn std::fmt::Display| {
