@@ -3,8 +3,11 @@
 //! `--soak-minutes` minutes:
 //!
 //! - good traffic: `add_sub` over HTTP JSON, the PP-OCR classifier over HTTP binary, the
-//!   `text_direction` ensemble (wasm → ONNX → wasm) on a real image, `add_sub` over gRPC;
-//! - bad traffic: lying shapes, malformed JSON and a gzip bomb, in a loop;
+//!   `text_direction` ensemble (wasm → ONNX → wasm) on a real image, `add_sub` over gRPC,
+//!   `add_sub` with a gzip body, and `add_sub` reading and writing system shared memory (each
+//!   answer checked, and the regions unregistered and registered again every 200 requests);
+//! - bad traffic: lying shapes, malformed JSON, a gzip bomb, and a shared-memory region whose
+//!   object is truncated to zero after it was registered, in a loop;
 //! - slow clients: connections that trickle a request head and stall, replaced as they are cut;
 //! - a reload of `add_sub` and of `ppocr_cls` every 30 s (explicit control mode).
 //!
@@ -132,14 +135,18 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
         let reloads = Arc::new(AtomicU64::new(0));
         let slow_cut = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
+        let shm = ShmPair::create()?;
         // good traffic
-        for kind in 0..4u8 {
-            let (minutes, stop, png, pixels) =
-                (minutes.clone(), stop.clone(), png.clone(), pixels.clone());
+        for kind in 0..6u8 {
+            let (minutes, stop, png, pixels, shm) =
+                (minutes.clone(), stop.clone(), png.clone(), pixels.clone(), shm.clone());
             tasks.push(tokio::spawn(async move {
                 let mut http = Client::connect(addr).await.ok();
                 let mut grpc = GrpcClient::connect(gaddr).await.ok();
+                let gz_body = gzip(&serde_json::to_vec(&add_sub()).unwrap_or_default());
+                let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
+                    n += 1;
                     let t = Instant::now();
                     let ok = match kind {
                         0 => good_http(&mut http, addr, "/v2/models/add_sub/infer", None, add_sub()).await,
@@ -151,7 +158,9 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
                             let (body, n) = binary_request(&[("IMAGE", "BYTES", vec![1, 1], bytes_element(&png))], false);
                             good_http(&mut http, addr, "/v2/models/text_direction/infer", Some((body, n)), json!(null)).await
                         }
-                        _ => good_grpc(&mut grpc, gaddr).await,
+                        3 => good_grpc(&mut grpc, gaddr).await,
+                        4 => good_gzip(&mut http, addr, gz_body.clone()).await,
+                        _ => good_shm(&mut http, addr, &shm, n).await,
                     };
                     let dt = t.elapsed();
                     record(&minutes, start, |m| if ok { m.good.push(dt) } else { m.failed += 1 });
@@ -169,10 +178,11 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
                     let Ok(mut c) = Client::connect(addr).await else { continue };
-                    let r = match i % 3 {
+                    let r = match i % 4 {
                         0 => c.post_json("/v2/models/add_sub/infer", &json!({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1u64 << 40], "data": [1]}]})).await,
                         1 => c.send("POST", "/v2/models/ppocr_cls/infer", &[], "{\"inputs\": [").await,
-                        _ => c.send("POST", "/v2/models/add_sub/infer", &[("content-encoding", "gzip".into())], bomb.clone()).await,
+                        2 => c.send("POST", "/v2/models/add_sub/infer", &[("content-encoding", "gzip".into())], bomb.clone()).await,
+                        _ => truncated_shm(&mut c, i).await,
                     };
                     let answered = r.map(|r| (400..500).contains(&r.status)).unwrap_or(false);
                     record(&minutes, start, |m| if answered { m.bad_answered += 1 });
@@ -267,6 +277,157 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
         drop(child);
         Ok(())
     })
+}
+
+/// Bytes of each soak shared-memory object: `add_sub`'s two inputs, or its two outputs.
+const SHM_BYTES: usize = 2 * 16 * 4;
+
+/// The good shm client's two objects in `/dev/shm`, removed when the soak ends.
+#[derive(Clone)]
+struct ShmPair(Arc<ShmFiles>);
+
+struct ShmFiles {
+    input: String,
+    output: String,
+}
+
+impl ShmPair {
+    fn create() -> anyhow::Result<Self> {
+        let pid = std::process::id();
+        let files = ShmFiles {
+            input: format!("/wisp_soak_in_{pid}"),
+            output: format!("/wisp_soak_out_{pid}"),
+        };
+        let mut input = f32_bytes(&[1.0; 16]);
+        input.extend(f32_bytes(&[2.0; 16]));
+        std::fs::write(format!("/dev/shm{}", files.input), input)?;
+        std::fs::write(format!("/dev/shm{}", files.output), [0u8; SHM_BYTES])?;
+        Ok(Self(Arc::new(files)))
+    }
+}
+
+impl Drop for ShmFiles {
+    fn drop(&mut self) {
+        for key in [&self.input, &self.output] {
+            let _ = std::fs::remove_file(format!("/dev/shm{key}"));
+        }
+    }
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let _ = std::io::Write::write_all(&mut gz, bytes);
+    gz.finish().unwrap_or_default()
+}
+
+/// `add_sub` with a gzip-compressed JSON body: 200 and the right sum.
+async fn good_gzip(c: &mut Option<Client>, addr: std::net::SocketAddr, body: Vec<u8>) -> bool {
+    if c.is_none() {
+        *c = Client::connect(addr).await.ok();
+    }
+    let Some(client) = c.as_mut() else {
+        return false;
+    };
+    let headers = [
+        ("content-encoding", "gzip".to_string()),
+        ("content-type", "application/json".to_string()),
+    ];
+    match client
+        .send("POST", "/v2/models/add_sub/infer", &headers, body)
+        .await
+    {
+        Ok(r) if r.status == 200 => r.json()["outputs"][0]["data"][0] == json!(3.0),
+        _ => {
+            *c = None;
+            false
+        }
+    }
+}
+
+/// `add_sub` reading both inputs from one registered region and writing `OUTPUT0` into
+/// another, the answer read back from the object; every 200th request first unregisters and
+/// registers both regions again.
+async fn good_shm(
+    c: &mut Option<Client>,
+    addr: std::net::SocketAddr,
+    shm: &ShmPair,
+    n: u64,
+) -> bool {
+    if c.is_none() {
+        *c = Client::connect(addr).await.ok();
+    }
+    let Some(client) = c.as_mut() else {
+        return false;
+    };
+    let ok = async {
+        if n % 200 == 1 {
+            for (name, key) in [("soak_in", &shm.0.input), ("soak_out", &shm.0.output)] {
+                let base = format!("/v2/systemsharedmemory/region/{name}");
+                client
+                    .send("POST", &format!("{base}/unregister"), &[], "")
+                    .await
+                    .ok()?;
+                let body = json!({"key": key, "byte_size": SHM_BYTES});
+                let r = client
+                    .post_json(&format!("{base}/register"), &body)
+                    .await
+                    .ok()?;
+                if r.status != 200 {
+                    return None;
+                }
+            }
+        }
+        let region = |name: &str, offset: usize| json!({"shared_memory_region": name, "shared_memory_byte_size": 64, "shared_memory_offset": offset});
+        let body = json!({
+            "inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "parameters": region("soak_in", 0)},
+                {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "parameters": region("soak_in", 64)},
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": region("soak_out", 0)}],
+        });
+        let r = client
+            .post_json("/v2/models/add_sub/infer", &body)
+            .await
+            .ok()?;
+        if r.status != 200 {
+            return None;
+        }
+        // Requests on this connection are sequential, so the region holds this answer.
+        let out = std::fs::read(format!("/dev/shm{}", shm.0.output)).ok()?;
+        (out[..64] == f32_bytes(&[3.0; 16])[..]).then_some(())
+    };
+    match ok.await {
+        Some(()) => true,
+        None => {
+            *c = None;
+            false
+        }
+    }
+}
+
+/// The SIGBUS attack: register a fresh 1 MiB object, truncate it to zero, infer from it. The
+/// answer must be a 4xx and the server must keep serving.
+async fn truncated_shm(c: &mut Client, i: u64) -> anyhow::Result<wisp_tests::Reply> {
+    let key = format!("/wisp_soak_trunc_{}_{i}", std::process::id());
+    let file = format!("/dev/shm{key}");
+    std::fs::write(&file, vec![1u8; 1 << 20])?;
+    let name = format!("trunc{i}");
+    let base = format!("/v2/systemsharedmemory/region/{name}");
+    let body = json!({"key": key, "byte_size": 1 << 20});
+    let registered = c.post_json(&format!("{base}/register"), &body).await;
+    std::fs::File::options()
+        .write(true)
+        .open(&file)?
+        .set_len(0)?;
+    let infer = json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "parameters": {"shared_memory_region": name, "shared_memory_byte_size": 64}},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
+    ]});
+    let r = c.post_json("/v2/models/add_sub/infer", &infer).await;
+    let _ = c.send("POST", &format!("{base}/unregister"), &[], "").await;
+    let _ = std::fs::remove_file(&file);
+    registered?;
+    r
 }
 
 fn add_sub() -> serde_json::Value {
