@@ -7,6 +7,10 @@
 //! stops accepting, lets in-flight requests finish, then drains and stops every model's
 //! scheduler.
 
+mod resolved;
+
+use resolved::Resolved;
+
 pub mod alloc;
 pub mod cache;
 pub mod cli;
@@ -42,120 +46,6 @@ use wisp_backend_onnx::{find_onnxruntime, EngineChoice, OnnxBackend};
 use models::{LoadOptions, Registry};
 use settings::{ControlMode, OnnxEngine, Settings};
 use wisp_plugin_runtime::WasmCompiler;
-
-/// Every setting that needs parsing beyond clap's, parsed in one pass.
-struct Resolved {
-    metrics: Option<metrics::MetricsOptions>,
-    cache_size: Option<usize>,
-    host_policies: host_policy::HostPolicies,
-    verify_key: Option<ed25519_dalek::VerifyingKey>,
-    http_restricted: restricted::Restrictions,
-    grpc_restricted: restricted::Restrictions,
-    http_tls: Option<tokio_rustls::TlsAcceptor>,
-    grpc_tls: Option<tokio_rustls::TlsAcceptor>,
-    trace: service::trace::TraceConfig,
-    wasm_compiler: WasmCompiler,
-}
-
-/// The value, or `None` with its error noted.
-fn take<T>(errors: &mut Vec<String>, r: Result<T, String>) -> Option<T> {
-    r.map_err(|e| errors.push(e)).ok()
-}
-
-impl Resolved {
-    /// Parses every setting, collecting every error rather than stopping at the first.
-    fn from(s: &Settings) -> anyhow::Result<Self> {
-        let mut errors: Vec<String> = Vec::new();
-        let metrics = if s.allow_metrics {
-            take(
-                &mut errors,
-                metrics::MetricsOptions::parse(&s.metrics_config),
-            )
-        } else {
-            None
-        };
-        let cache_size = take(&mut errors, cache::parse_cache_config(&s.cache_config));
-        let trace = take(
-            &mut errors,
-            service::trace::parse_trace_config(&s.trace_config),
-        );
-        let host_policies = take(
-            &mut errors,
-            host_policy::HostPolicies::parse(&s.host_policy),
-        );
-        let verify_key = match &s.model_verify_key {
-            Some(path) => take(
-                &mut errors,
-                signing::read_public_key(path).map_err(|e| format!("--model-verify-key: {e}")),
-            ),
-            None if s.require_signed_models => {
-                take(
-                    &mut errors,
-                    Err::<(), _>("--require-signed-models needs --model-verify-key".into()),
-                );
-                None
-            }
-            None => None,
-        };
-        let http_restricted = take(
-            &mut errors,
-            restricted::Restrictions::parse(&s.http_restricted_api, "--http-restricted-api", ""),
-        );
-        let grpc_restricted = take(
-            &mut errors,
-            restricted::Restrictions::parse(
-                &s.grpc_restricted_protocol,
-                "--grpc-restricted-protocol",
-                restricted::GRPC_HEADER_PREFIX,
-            ),
-        );
-        let http_tls = if s.http_use_ssl {
-            take(
-                &mut errors,
-                tls::acceptor(&s.http_tls_files(), "--http", &[b"h2", b"http/1.1"]),
-            )
-        } else {
-            None
-        };
-        let grpc_tls = if s.grpc_use_ssl {
-            take(
-                &mut errors,
-                tls::acceptor(&s.grpc_tls_files(), "--grpc", &[b"h2"]),
-            )
-        } else {
-            None
-        };
-        let wasm_compiler = take(&mut errors, wasm_compiler(s.wasm_compiler));
-        if !errors.is_empty() {
-            anyhow::bail!("invalid settings:\n  - {}", errors.join("\n  - "));
-        }
-        Ok(Resolved {
-            metrics,
-            cache_size: cache_size.flatten(),
-            host_policies: host_policies.unwrap_or_default(),
-            verify_key,
-            http_restricted: http_restricted.unwrap_or_default(),
-            grpc_restricted: grpc_restricted.unwrap_or_default(),
-            http_tls,
-            grpc_tls,
-            trace: trace.unwrap_or_default(),
-            wasm_compiler: wasm_compiler.unwrap_or(WasmCompiler::Native),
-        })
-    }
-}
-
-/// The plugin compiler `--wasm-compiler` asks for, if this build has it.
-fn wasm_compiler(choice: settings::WasmCompilerChoice) -> Result<WasmCompiler, String> {
-    use settings::WasmCompilerChoice as Choice;
-    match choice {
-        Choice::Auto => Ok(WasmCompiler::host_default()),
-        Choice::Native => Ok(WasmCompiler::Native),
-        Choice::Pulley if WasmCompiler::PULLEY_BUILT => Ok(WasmCompiler::Pulley),
-        Choice::Pulley => Err(
-            "--wasm-compiler pulley: this build has no Pulley interpreter (the edge build has it only on riscv64)".into(),
-        ),
-    }
-}
 
 /// Object-store repositories, mirrored locally before anything loads (none without the
 /// `object-store` feature).

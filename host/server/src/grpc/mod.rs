@@ -3,6 +3,11 @@
 //! also calls. Errors map to gRPC codes in [`status`], the one place that does it.
 
 pub mod codec;
+mod control;
+mod infer;
+mod memory;
+mod query;
+mod request;
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -33,6 +38,10 @@ pub mod pb {
 
 use pb::grpc_inference_service_server::GrpcInferenceService;
 pub use pb::grpc_inference_service_server::GrpcInferenceServiceServer;
+
+use infer::is_oversize;
+pub(crate) use request::{decode, decoded_bytes};
+use request::{param_to_json, shm_scope, trace_parent};
 
 /// The gRPC status for an error: Triton's mapping.
 pub fn status(e: Error) -> Status {
@@ -96,27 +105,6 @@ pub async fn guard(
     resp
 }
 
-/// Whether an OUT_OF_RANGE message from tonic is its "message length too large" decode error
-/// (in a `grpc-message` header it is percent-encoded).
-fn is_oversize(message: &[u8]) -> bool {
-    message.windows(9).any(|w| w == b"too large")
-        || message.windows(11).any(|w| w == b"too%20large")
-}
-
-/// A `ModelStreamInfer` message that failed to decode: tonic's status, except that a message
-/// over `--grpc-max-message-size` is RESOURCE_EXHAUSTED.
-fn stream_decode_status(e: Status) -> Status {
-    if e.code() == tonic::Code::OutOfRange && is_oversize(e.message().as_bytes()) {
-        Status::resource_exhausted(e.message().to_string())
-    } else {
-        e
-    }
-}
-
-/// Sequences of one stream whose last request is remembered for ordering, before finished ones
-/// are forgotten.
-const STREAM_SEQUENCES_KEPT: usize = 256;
-
 /// CUDA shared memory needs a GPU; Wisp runs models on the CPU.
 pub(crate) fn cuda_unsupported() -> Error {
     Error::unsupported(
@@ -141,323 +129,6 @@ impl GrpcService {
     }
 }
 
-fn param_to_json(p: &pb::InferParameter) -> serde_json::Value {
-    use pb::infer_parameter::ParameterChoice as C;
-    match &p.parameter_choice {
-        Some(C::BoolParam(b)) => (*b).into(),
-        Some(C::Int64Param(i)) => (*i).into(),
-        Some(C::StringParam(s)) => s.clone().into(),
-        Some(C::DoubleParam(d)) => (*d).into(),
-        Some(C::Uint64Param(u)) => (*u).into(),
-        None => serde_json::Value::Null,
-    }
-}
-
-/// `contents` (typed repeated fields) → little-endian bytes.
-fn contents_to_bytes(
-    name: &str,
-    dt: DataType,
-    c: &pb::InferTensorContents,
-) -> Result<Vec<u8>, Error> {
-    let out: Vec<u8> = match dt {
-        DataType::Bool => c.bool_contents.iter().map(|&b| b as u8).collect(),
-        DataType::Int8 => c.int_contents.iter().map(|&v| v as i8 as u8).collect(),
-        DataType::Int16 => c
-            .int_contents
-            .iter()
-            .flat_map(|&v| (v as i16).to_le_bytes())
-            .collect(),
-        DataType::Int32 => c
-            .int_contents
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        DataType::Int64 => c
-            .int64_contents
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        DataType::Uint8 => c.uint_contents.iter().map(|&v| v as u8).collect(),
-        DataType::Uint16 => c
-            .uint_contents
-            .iter()
-            .flat_map(|&v| (v as u16).to_le_bytes())
-            .collect(),
-        DataType::Uint32 => c
-            .uint_contents
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        DataType::Uint64 => c
-            .uint64_contents
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        DataType::Fp32 => c
-            .fp32_contents
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        DataType::Fp64 => c
-            .fp64_contents
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        DataType::Bytes => encode_bytes_elements(c.bytes_contents.iter()),
-        DataType::Fp16 | DataType::Bf16 => {
-            return Err(Error::invalid(format!(
-                "input '{name}': {dt} data must be sent in raw_input_contents"
-            )))
-        }
-    };
-    Ok(out)
-}
-
-/// A `ModelInferRequest` → the service's [`Decoded`] (the service validates it against the
-/// model).
-pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
-    let params_json =
-        |p: &HashMap<String, pb::InferParameter>| -> serde_json::Map<String, serde_json::Value> {
-            p.iter()
-                .map(|(k, v)| (k.clone(), param_to_json(v)))
-                .collect()
-        };
-    // Inputs in shared memory carry no raw contents: the raw list matches the others.
-    let in_shm: Vec<Option<ShmRef>> = req
-        .inputs
-        .iter()
-        .map(|t| shm_ref(&params_json(&t.parameters), &format!("input '{}'", t.name)))
-        .collect::<Result<_, Error>>()?;
-    let with_data = in_shm.iter().filter(|s| s.is_none()).count();
-    if !req.raw_input_contents.is_empty() && req.raw_input_contents.len() != with_data {
-        return Err(Error::invalid(format!(
-            "expected {with_data} raw_input_contents (one per input not in shared memory), got {}",
-            req.raw_input_contents.len()
-        )));
-    }
-    let mut inputs = Vec::with_capacity(req.inputs.len());
-    let mut shm_inputs = Vec::new();
-    let mut raw = req.raw_input_contents.iter();
-    for (t, place) in req.inputs.into_iter().zip(in_shm) {
-        let dt =
-            DataType::parse(&t.datatype).map_err(|e| e.context(format!("input '{}'", t.name)))?;
-        if t.shape.iter().any(|&d| d < 0) {
-            return Err(Error::invalid(format!(
-                "input '{}': shape has a negative dimension",
-                t.name
-            )));
-        }
-        if let Some(at) = place {
-            shm_inputs.push(ShmInput {
-                name: t.name,
-                datatype: dt,
-                shape: t.shape,
-                at,
-            });
-            continue;
-        }
-        let data: Bytes = match raw.next() {
-            Some(raw) => raw.clone(),
-            None => {
-                let c = t.contents.unwrap_or_default();
-                contents_to_bytes(&t.name, dt, &c)?.into()
-            }
-        };
-        inputs.push(Tensor::new(t.name, dt, t.shape, data)?);
-    }
-    let mut outputs = Vec::with_capacity(req.outputs.len());
-    for o in req.outputs {
-        let classification = match o.parameters.get("classification").map(param_to_json) {
-            None => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .filter(|&n| n > 0 && n <= MAX_CLASSIFICATION)
-                    .ok_or_else(|| {
-                        Error::invalid(format!(
-                            "output '{}': 'classification' must be an integer in 1..={MAX_CLASSIFICATION}",
-                            o.name
-                        ))
-                    })? as usize,
-            ),
-        };
-        let shm = shm_ref(&params_json(&o.parameters), &format!("output '{}'", o.name))?;
-        outputs.push(OutputSpec {
-            name: o.name,
-            binary: None,
-            classification,
-            shm,
-        });
-    }
-    let request = InferRequest {
-        id: req.id,
-        inputs,
-        requested_outputs: outputs.iter().map(|o| o.name.clone()).collect(),
-        parameters: req
-            .parameters
-            .iter()
-            .map(|(k, v)| (k.clone(), param_to_json(v)))
-            .collect(),
-        // Scheduling and sequence flags are read from the parameters by the service.
-        ..Default::default()
-    };
-    Ok(Decoded {
-        request,
-        outputs,
-        binary_default: false,
-        shm_inputs,
-        shm_scope: Scope::default(),
-    })
-}
-
-/// The call's shared memory scope, from its `wisp-shm-token` metadata.
-fn shm_scope(metadata: &tonic::metadata::MetadataMap) -> Result<Scope, Error> {
-    Scope::from_token(metadata.get(shm::TOKEN_HEADER).map(|v| v.as_bytes()))
-}
-
-/// The client's W3C trace context, from the call's `traceparent` metadata.
-fn trace_parent(metadata: &tonic::metadata::MetadataMap) -> Option<TraceParent> {
-    metadata
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .and_then(TraceParent::parse)
-}
-
-/// The parameters a streamed response carries: the request's sequence flags, echoed so that a
-/// client running several sequences on one stream can tell their responses apart, and
-/// `triton_final_response` (every response is its request's last: Wisp has no decoupled
-/// models), which clients that ask for an empty final response wait for.
-fn stream_flags(
-    request: &HashMap<String, pb::InferParameter>,
-) -> impl Iterator<Item = (String, pb::InferParameter)> {
-    let echoed: Vec<_> = ["sequence_id", "sequence_start", "sequence_end"]
-        .into_iter()
-        .filter_map(|k| request.get(k).map(|p| (k.to_string(), p.clone())))
-        .collect();
-    let last = pb::InferParameter {
-        parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(true)),
-    };
-    echoed
-        .into_iter()
-        .chain([("triton_final_response".to_string(), last)])
-}
-
-/// The memory typed contents hold once decoded: each element at its in-memory size (prost's
-/// `encoded_len` undercounts packed varints up to eightfold).
-pub(crate) fn decoded_bytes(c: &pb::InferTensorContents) -> u64 {
-    let n = |len: usize, size: usize| (len as u64).saturating_mul(size as u64);
-    n(c.bool_contents.len(), 1)
-        + n(c.int_contents.len(), 4)
-        + n(c.uint_contents.len(), 4)
-        + n(c.fp32_contents.len(), 4)
-        + n(c.int64_contents.len(), 8)
-        + n(c.uint64_contents.len(), 8)
-        + n(c.fp64_contents.len(), 8)
-        + c.bytes_contents
-            .iter()
-            .map(|b| b.len() as u64 + 4)
-            .sum::<u64>()
-}
-
-async fn infer(
-    service: &Service,
-    mut req: pb::ModelInferRequest,
-    trace_parent: Option<TraceParent>,
-    scope: &Scope,
-    charged: Option<crate::service::Charge>,
-) -> Result<pb::ModelInferResponse, Error> {
-    let received = std::time::Instant::now();
-    // Raw contents are sliced from the message without copies; typed contents are held as
-    // decoded (a packed varint of one byte is eight in an int64 vector) and converted into a
-    // second buffer of their element size.
-    let size: u64 = req
-        .raw_input_contents
-        .iter()
-        .map(|r| r.len() as u64)
-        .sum::<u64>()
-        + req
-            .inputs
-            .iter()
-            .filter_map(|t| t.contents.as_ref())
-            .map(|c| 2 * decoded_bytes(c))
-            .sum::<u64>();
-    // Charged by the codec before decoding when the call came through the front end; charged
-    // here when the service trait is called directly.
-    let _budget = match charged {
-        Some(charge) => charge,
-        None => service.admit(size)?,
-    };
-    let version = (!req.model_version.is_empty()).then(|| std::mem::take(&mut req.model_version));
-    let m = service.model(&req.model_name, version.as_deref())?;
-    let decoded = decode(req).map(|mut d| {
-        d.shm_scope = scope.clone();
-        d
-    });
-    let answer = service.infer(m, decoded, received, trace_parent).await?;
-    let mut resp = pb::ModelInferResponse {
-        model_name: answer.model.name.clone(),
-        model_version: answer.model.version.to_string(),
-        id: answer.id,
-        ..Default::default()
-    };
-    for (spec, t) in answer.outputs {
-        let mut parameters = HashMap::new();
-        let data = match &spec.shm {
-            // written into the region by the service; an empty entry keeps the raw list aligned
-            Some(at) => {
-                let param = |c| pb::InferParameter {
-                    parameter_choice: Some(c),
-                };
-                use pb::infer_parameter::ParameterChoice as C;
-                parameters.insert(
-                    "shared_memory_region".to_string(),
-                    param(C::StringParam(at.region.clone())),
-                );
-                parameters.insert(
-                    "shared_memory_byte_size".to_string(),
-                    param(C::Int64Param(t.data.len() as i64)),
-                );
-                if at.offset > 0 {
-                    parameters.insert(
-                        "shared_memory_offset".to_string(),
-                        param(C::Int64Param(at.offset as i64)),
-                    );
-                }
-                Bytes::new()
-            }
-            None => t.data,
-        };
-        resp.outputs
-            .push(pb::model_infer_response::InferOutputTensor {
-                name: t.name,
-                datatype: t.datatype.as_str().to_string(),
-                shape: t.shape,
-                parameters,
-                ..Default::default()
-            });
-        resp.raw_output_contents.push(data);
-    }
-    Ok(resp)
-}
-
-fn stat(d: Duration) -> Option<pb::StatisticDuration> {
-    Some(pb::StatisticDuration {
-        count: d.count,
-        ns: d.ns,
-    })
-}
-
-fn tensor_metadata(t: TensorMetadata) -> pb::model_metadata_response::TensorMetadata {
-    pb::model_metadata_response::TensorMetadata {
-        name: t.name,
-        datatype: t.datatype.to_string(),
-        shape: t.shape,
-    }
-}
-
-fn version_of(v: &str) -> Option<&str> {
-    (!v.is_empty()).then_some(v)
-}
-
 type ResponseStream =
     Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
 
@@ -465,80 +136,44 @@ type ResponseStream =
 impl GrpcInferenceService for GrpcService {
     async fn server_live(
         &self,
-        _: Request<pb::ServerLiveRequest>,
+        r: Request<pb::ServerLiveRequest>,
     ) -> Result<Response<pb::ServerLiveResponse>, Status> {
-        Ok(Response::new(pb::ServerLiveResponse { live: true }))
+        query::server_live(self, r).await
     }
 
     async fn server_ready(
         &self,
-        _: Request<pb::ServerReadyRequest>,
+        r: Request<pb::ServerReadyRequest>,
     ) -> Result<Response<pb::ServerReadyResponse>, Status> {
-        Ok(Response::new(pb::ServerReadyResponse {
-            ready: self.service.server_ready(),
-        }))
+        query::server_ready(self, r).await
     }
 
     async fn model_ready(
         &self,
         r: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
-        let r = r.into_inner();
-        // Unknown, unloaded and not-ready models are `ready: false` with OK, as in Triton.
-        let ready = self
-            .service
-            .model_ready(&r.name, version_of(&r.version))
-            .map_err(status)?
-            .is_ok();
-        Ok(Response::new(pb::ModelReadyResponse { ready }))
+        query::model_ready(self, r).await
     }
 
     async fn server_metadata(
         &self,
-        _: Request<pb::ServerMetadataRequest>,
+        r: Request<pb::ServerMetadataRequest>,
     ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
-        let m = self.service.server_metadata();
-        Ok(Response::new(pb::ServerMetadataResponse {
-            name: m.name.into(),
-            version: m.version.into(),
-            extensions: m.extensions.iter().map(|s| s.to_string()).collect(),
-        }))
+        query::server_metadata(self, r).await
     }
 
     async fn model_metadata(
         &self,
         r: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
-        let r = r.into_inner();
-        let m = self
-            .service
-            .model_metadata(&r.name, version_of(&r.version))
-            .map_err(status)?;
-        Ok(Response::new(pb::ModelMetadataResponse {
-            name: m.name,
-            versions: m.versions,
-            platform: m.platform,
-            inputs: m.inputs.into_iter().map(tensor_metadata).collect(),
-            outputs: m.outputs.into_iter().map(tensor_metadata).collect(),
-        }))
+        query::model_metadata(self, r).await
     }
 
     async fn model_infer(
         &self,
         r: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        let parent = trace_parent(r.metadata());
-        let scope = shm_scope(r.metadata()).map_err(status)?;
-        infer(
-            &self.service,
-            r.into_inner(),
-            parent,
-            &scope,
-            codec::take_charge(),
-        )
-        .await
-        .map(Response::new)
-        .map_err(status)
+        infer::model_infer(self, r).await
     }
 
     type ModelStreamInferStream = ResponseStream;
@@ -547,414 +182,98 @@ impl GrpcInferenceService for GrpcService {
         &self,
         r: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        // a stream's requests are traced under the context the stream was opened with
-        let stream_parent = trace_parent(r.metadata());
-        let scope = shm_scope(r.metadata()).map_err(status)?;
-        let mut inbound = r.into_inner();
-        let service = self.service.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        // At most this many requests of the stream are in flight, counting responses the client
-        // has not read yet: past it the next message is not read, so a client that does not read
-        // its responses is slowed down by HTTP/2 flow control instead of buffered without limit.
-        let in_flight = Arc::new(tokio::sync::Semaphore::new(self.stream_in_flight));
-        // Messages are decoded in this task as it reads them: under its own budget slot.
-        let slot = codec::CallBudget::new(&service.budget);
-        tokio::spawn(codec::CALL.scope(slot, async move {
-            // The requests of one sequence reach the model in stream order: each waits for the
-            // one before it (a sequence runs one request at a time anyway).
-            let mut sequences: HashMap<String, tokio::sync::oneshot::Receiver<()>> = HashMap::new();
-            loop {
-                let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                    break;
-                };
-                let Some(next) = inbound.next().await else {
-                    break;
-                };
-                let (req, charged) = match next {
-                    Ok(req) => (req, codec::take_charge()),
-                    Err(e) => {
-                        // The stream ends with the decode error, an oversize message reported
-                        // as RESOURCE_EXHAUSTED as for unary calls.
-                        let _ = tx.send(Err(stream_decode_status(e))).await;
-                        break;
-                    }
-                };
-                let (service, tx) = (service.clone(), tx.clone());
-                let (done, after) = match req.parameters.get("sequence_id") {
-                    Some(p) => {
-                        if sequences.len() >= STREAM_SEQUENCES_KEPT {
-                            sequences.retain(|_, rx| {
-                                rx.try_recv().is_err_and(|e| {
-                                    e == tokio::sync::oneshot::error::TryRecvError::Empty
-                                })
-                            });
-                        }
-                        let (done, next) = tokio::sync::oneshot::channel();
-                        (
-                            Some(done),
-                            sequences.insert(param_to_json(p).to_string(), next),
-                        )
-                    }
-                    None => (None, None),
-                };
-                let scope = scope.clone();
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    if let Some(previous) = after {
-                        let _ = previous.await;
-                    }
-                    let _done = done;
-                    let id = req.id.clone();
-                    let flags = stream_flags(&req.parameters);
-                    let mut msg = match infer(&service, req, stream_parent, &scope, charged).await {
-                        Ok(resp) => pb::ModelStreamInferResponse {
-                            error_message: String::new(),
-                            infer_response: Some(resp),
-                        },
-                        Err(e) => pb::ModelStreamInferResponse {
-                            error_message: e.message().to_string(),
-                            infer_response: Some(pb::ModelInferResponse {
-                                id,
-                                ..Default::default()
-                            }),
-                        },
-                    };
-                    if let Some(r) = msg.infer_response.as_mut() {
-                        r.parameters.extend(flags);
-                    }
-                    let _ = tx.send(Ok(msg)).await;
-                });
-            }
-        }));
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        infer::model_stream_infer(self, r).await
     }
 
     async fn model_config(
         &self,
         r: Request<pb::ModelConfigRequest>,
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
-        use prost::Message;
-        let r = r.into_inner();
-        let cfg = self
-            .service
-            .model_config(&r.name, version_of(&r.version))
-            .map_err(status)?;
-        let bytes = wisp_core::config::config_to_protobuf(&cfg);
-        let config = pb::ModelConfig::decode(bytes.as_slice())
-            .map_err(|e| status(Error::internal(format!("config encoding: {e}"))))?;
-        Ok(Response::new(pb::ModelConfigResponse {
-            config: Some(config),
-        }))
+        query::model_config(self, r).await
     }
 
     async fn model_statistics(
         &self,
         r: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
-        let r = r.into_inner();
-        let model = (!r.name.is_empty()).then_some(r.name.as_str());
-        let version = model.and(version_of(&r.version));
-        let stats = self.service.statistics(model, version).map_err(status)?;
-        let model_stats = stats
-            .into_iter()
-            .map(|s| pb::ModelStatistics {
-                name: s.name,
-                version: s.version.to_string(),
-                last_inference: s.last_inference,
-                inference_count: s.inference_count,
-                execution_count: s.execution_count,
-                inference_stats: Some(pb::InferStatistics {
-                    success: stat(s.success),
-                    fail: stat(s.fail),
-                    queue: stat(s.queue),
-                    compute_input: stat(s.compute_input),
-                    compute_infer: stat(s.compute_infer),
-                    compute_output: stat(s.compute_output),
-                    cache_hit: stat(s.cache_hit),
-                    cache_miss: stat(s.cache_miss),
-                }),
-                batch_stats: s
-                    .batches
-                    .iter()
-                    .map(|b| pb::InferBatchStatistics {
-                        batch_size: b.batch_size,
-                        compute_input: stat(Duration {
-                            count: b.count,
-                            ns: b.input_ns,
-                        }),
-                        compute_infer: stat(Duration {
-                            count: b.count,
-                            ns: b.infer_ns,
-                        }),
-                        compute_output: stat(Duration {
-                            count: b.count,
-                            ns: b.output_ns,
-                        }),
-                    })
-                    .collect(),
-                memory_usage: Vec::new(),
-            })
-            .collect();
-        Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
+        query::model_statistics(self, r).await
     }
 
     async fn repository_index(
         &self,
         r: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
-        let rows = self.service.index(r.into_inner().ready).map_err(status)?;
-        Ok(Response::new(pb::RepositoryIndexResponse {
-            models: rows
-                .into_iter()
-                .map(|r| pb::repository_index_response::ModelIndex {
-                    name: r.name,
-                    version: r.version.map(|v| v.to_string()).unwrap_or_default(),
-                    state: r.state.to_string(),
-                    reason: r.reason,
-                })
-                .collect(),
-        }))
+        query::repository_index(self, r).await
     }
 
     async fn repository_model_load(
         &self,
         r: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        use pb::model_repository_parameter::ParameterChoice as C;
-        let r = r.into_inner();
-        let config = match r
-            .parameters
-            .get("config")
-            .and_then(|p| p.parameter_choice.clone())
-        {
-            None => None,
-            Some(C::StringParam(s)) => Some(s),
-            Some(_) => {
-                return Err(status(Error::invalid(
-                    "parameter 'config' must be a string",
-                )))
-            }
-        };
-        let mut files = Vec::new();
-        for (key, value) in r.parameters {
-            let Some(path) = key.strip_prefix("file:") else {
-                continue;
-            };
-            match value.parameter_choice {
-                Some(C::BytesParam(data)) => files.push((path.to_string(), data)),
-                _ => {
-                    return Err(status(Error::invalid(format!(
-                        "parameter '{key}' must be bytes"
-                    ))))
-                }
-            }
-        }
-        let load = LoadRequest {
-            caller: Caller::Grpc,
-            repository: r.repository_name,
-            config,
-            files,
-        };
-        self.service
-            .load(&r.model_name, load)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
+        control::repository_model_load(self, r).await
     }
 
     async fn repository_model_unload(
         &self,
         r: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
-        let r = r.into_inner();
-        use pb::model_repository_parameter::ParameterChoice;
-        let dependents = match r
-            .parameters
-            .get("unload_dependents")
-            .and_then(|p| p.parameter_choice.as_ref())
-        {
-            None => false,
-            Some(ParameterChoice::BoolParam(b)) => *b,
-            Some(_) => {
-                return Err(status(Error::invalid(
-                    "parameter 'unload_dependents' must be a boolean",
-                )))
-            }
-        };
-        self.service
-            .unload(&r.model_name, &r.repository_name, dependents, Caller::Grpc)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
+        control::repository_model_unload(self, r).await
     }
 
     async fn system_shared_memory_status(
         &self,
         r: Request<pb::SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
-        let scope = shm_scope(r.metadata()).map_err(status)?;
-        let name = r.into_inner().name;
-        let rows = self
-            .service
-            .shm
-            .status(&scope, (!name.is_empty()).then_some(name.as_str()))
-            .map_err(status)?;
-        let regions = rows
-            .into_iter()
-            .map(|s| {
-                let row = pb::system_shared_memory_status_response::RegionStatus {
-                    name: s.name.clone(),
-                    key: s.key,
-                    offset: s.offset as u64,
-                    byte_size: s.byte_size as u64,
-                };
-                (s.name, row)
-            })
-            .collect();
-        Ok(Response::new(pb::SystemSharedMemoryStatusResponse {
-            regions,
-        }))
+        memory::system_shared_memory_status(self, r).await
     }
 
     async fn system_shared_memory_register(
         &self,
         r: Request<pb::SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
-        let scope = shm_scope(r.metadata()).map_err(status)?;
-        let r = r.into_inner();
-        let size = |n: u64, what: &str| {
-            usize::try_from(n)
-                .map_err(|_| status(Error::invalid(format!("{what} {n} is too large"))))
-        };
-        let (offset, byte_size) = (size(r.offset, "offset")?, size(r.byte_size, "byte_size")?);
-        self.service
-            .clone()
-            .register_shm(scope, r.name, r.key, offset, byte_size)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(pb::SystemSharedMemoryRegisterResponse {}))
+        memory::system_shared_memory_register(self, r).await
     }
 
     async fn system_shared_memory_unregister(
         &self,
         r: Request<pb::SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
-        let scope = shm_scope(r.metadata()).map_err(status)?;
-        let name = r.into_inner().name;
-        self.service
-            .shm
-            .unregister(&scope, (!name.is_empty()).then_some(name.as_str()));
-        Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
+        memory::system_shared_memory_unregister(self, r).await
     }
 
     async fn cuda_shared_memory_status(
         &self,
-        _: Request<pb::CudaSharedMemoryStatusRequest>,
+        r: Request<pb::CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
-        Err(status(cuda_unsupported()))
+        memory::cuda_shared_memory_status(self, r).await
     }
 
     async fn cuda_shared_memory_register(
         &self,
-        _: Request<pb::CudaSharedMemoryRegisterRequest>,
+        r: Request<pb::CudaSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryRegisterResponse>, Status> {
-        Err(status(cuda_unsupported()))
+        memory::cuda_shared_memory_register(self, r).await
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
-        _: Request<pb::CudaSharedMemoryUnregisterRequest>,
+        r: Request<pb::CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
-        Err(status(cuda_unsupported()))
+        memory::cuda_shared_memory_unregister(self, r).await
     }
 
     async fn trace_setting(
         &self,
         r: Request<pb::TraceSettingRequest>,
     ) -> Result<Response<pb::TraceSettingResponse>, Status> {
-        let r = r.into_inner();
-        let model = (!r.model_name.is_empty()).then_some(r.model_name.as_str());
-        if let Some(m) = model {
-            self.service.model(m, None).map_err(status)?;
-        }
-        // Triton's gRPC form: every value a list of strings; an empty list clears a setting.
-        let update: serde_json::Map<String, serde_json::Value> = r
-            .settings
-            .into_iter()
-            .map(|(k, v)| {
-                let value = match v.value.as_slice() {
-                    [] => serde_json::Value::Null,
-                    [one] if k != "trace_level" => one.clone().into(),
-                    many => many.to_vec().into(),
-                };
-                (k, value)
-            })
-            .collect();
-        let settings = if update.is_empty() {
-            self.service.trace.settings(model)
-        } else if model.is_none() && update.values().any(serde_json::Value::is_null) {
-            return Err(status(Error::invalid(
-                "a global trace setting cannot be cleared, only set",
-            )));
-        } else {
-            self.service.trace.update(model, &update).map_err(status)?
-        };
-        let settings = settings
-            .to_json()
-            .into_iter()
-            .map(|(k, v)| {
-                let value = match v {
-                    serde_json::Value::Array(a) => a
-                        .into_iter()
-                        .map(|x| x.as_str().unwrap_or_default().to_string())
-                        .collect(),
-                    serde_json::Value::String(s) => vec![s],
-                    other => vec![other.to_string()],
-                };
-                (k, pb::trace_setting_response::SettingValue { value })
-            })
-            .collect();
-        Ok(Response::new(pb::TraceSettingResponse { settings }))
+        control::trace_setting(self, r).await
     }
 
     async fn log_settings(
         &self,
         r: Request<pb::LogSettingsRequest>,
     ) -> Result<Response<pb::LogSettingsResponse>, Status> {
-        use pb::log_settings_request::setting_value::ParameterChoice as In;
-        use pb::log_settings_response::setting_value::ParameterChoice as Out;
-        let mut update = serde_json::Map::new();
-        for (k, v) in r.into_inner().settings {
-            let value = match v.parameter_choice {
-                Some(In::BoolParam(b)) => b.into(),
-                Some(In::Uint32Param(u)) => u.into(),
-                Some(In::StringParam(s)) => s.into(),
-                None => continue,
-            };
-            update.insert(k, value);
-        }
-        let s = self.service.log_settings(&update).map_err(status)?;
-        let mut settings = HashMap::new();
-        let mut put = |k: &str, v: Out| {
-            settings.insert(
-                k.to_string(),
-                pb::log_settings_response::SettingValue {
-                    parameter_choice: Some(v),
-                },
-            );
-        };
-        put("log_file", Out::StringParam(s.log_file));
-        put("log_info", Out::BoolParam(s.log_info));
-        put("log_warning", Out::BoolParam(s.log_warning));
-        put("log_error", Out::BoolParam(s.log_error));
-        put(
-            "log_verbose_level",
-            Out::Uint32Param(s.log_verbose_level as u32),
-        );
-        put("log_format", Out::StringParam(s.log_format));
-        Ok(Response::new(pb::LogSettingsResponse { settings }))
+        control::log_settings(self, r).await
     }
 }
 

@@ -248,7 +248,7 @@ async fn embeddings(app: &AppState, req: Request) -> Result<Response, ApiFailure
     budget.grow_to((body.len() as u64).saturating_mul(16))?;
     // A large body is parsed on the blocking pool, as KServe bodies are decoded, so that it
     // cannot stall health checks.
-    let parsed = if body.len() > super::INLINE_DECODE_BYTES {
+    let parsed = if body.len() > super::body::INLINE_DECODE_BYTES {
         tokio::task::spawn_blocking(move || parse(&body))
             .await
             .map_err(|_| Error::internal("request parsing panicked"))??

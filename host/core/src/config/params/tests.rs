@@ -1,0 +1,207 @@
+use super::*;
+
+fn cfg(params: &[(&str, &str)]) -> ModelConfig {
+    let mut c = ModelConfig {
+        name: "p".into(),
+        ..Default::default()
+    };
+    params.iter().for_each(|(k, v)| c.set_parameter(k, v));
+    c
+}
+
+#[test]
+fn other_models_get_no_sandbox_but_an_escaping_read_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let onnx = |read_dir| {
+        let mut errs = Vec::new();
+        let p = read(
+            &cfg(&[(READ_DIR_KEY, read_dir)]),
+            dir.path(),
+            false,
+            &mut errs,
+        );
+        (p.sandbox, errs)
+    };
+    assert_eq!(onnx("missing"), (None, vec![]));
+    for escaping in ["/", "../up"] {
+        let (sandbox, errs) = onnx(escaping);
+        assert!(sandbox.is_none());
+        let paths: Vec<_> = errs.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, [format!("parameters.{READ_DIR_KEY}")], "{errs:?}");
+    }
+}
+
+#[test]
+fn a_sandbox_denies_everything_by_default() {
+    let s = Sandbox::of(&cfg(&[]), Path::new(".")).unwrap();
+    assert_eq!(s, Sandbox::default());
+    assert!(s.allow_env.is_empty() && !s.clock && s.read_dir.is_none() && s.fuel.is_none());
+}
+
+#[test]
+fn a_sandbox_reads_grants_and_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("assets")).unwrap();
+    let s = Sandbox::of(
+        &cfg(&[
+            (MEMORY_LIMIT_KEY, "16"),
+            (TIMEOUT_KEY, "250"),
+            (FUEL_KEY, "1000"),
+            (ENV_KEY, "A_VAR, B_VAR,,"),
+            (CLOCK_KEY, "true"),
+            (READ_DIR_KEY, "assets"),
+        ]),
+        dir.path(),
+    )
+    .unwrap();
+    assert_eq!(s.memory_bytes, 16 << 20);
+    assert_eq!(s.timeout, Duration::from_millis(250));
+    assert_eq!(s.fuel, Some(1000));
+    assert_eq!(s.allow_env, ["A_VAR", "B_VAR"]);
+    assert!(s.clock);
+    assert_eq!(s.read_dir, Some(dir.path().join("assets")));
+    let unmetered = Sandbox::of(&cfg(&[(FUEL_KEY, "0")]), dir.path()).unwrap();
+    assert_eq!(unmetered.fuel, None);
+}
+
+#[test]
+fn bad_sandbox_values_name_the_key() {
+    for (k, v) in [
+        (MEMORY_LIMIT_KEY, "0"),
+        (MEMORY_LIMIT_KEY, "99999"),
+        (TIMEOUT_KEY, "soon"),
+        (TIMEOUT_KEY, "0"),
+        (FUEL_KEY, "-1"),
+        (CLOCK_KEY, "yes"),
+        (READ_DIR_KEY, "missing"),
+        (READ_DIR_KEY, "/"),
+        (READ_DIR_KEY, ".."),
+    ] {
+        let e = Sandbox::of(&cfg(&[(k, v)]), Path::new(".")).unwrap_err();
+        assert_eq!(e.path, format!("parameters.{k}"), "{k}={v}: {}", e.message);
+    }
+}
+
+#[test]
+fn onnx_thread_counts_are_bounded() {
+    assert_eq!(OnnxThreads::of(&cfg(&[])).unwrap(), OnnxThreads::default());
+    let t = OnnxThreads::of(&cfg(&[(INTRA_OP_KEY, "2"), (INTER_OP_KEY, " 0 ")])).unwrap();
+    assert_eq!((t.intra_op, t.inter_op), (Some(2), Some(0)));
+    for (k, v) in [
+        (INTRA_OP_KEY, "257"),
+        (INTER_OP_KEY, "x"),
+        (INTRA_OP_KEY, "-1"),
+    ] {
+        let e = OnnxThreads::of(&cfg(&[(k, v)])).unwrap_err();
+        assert_eq!(e.path, format!("parameters.{k}"), "{k}={v}: {e:?}");
+    }
+}
+
+#[test]
+fn sla_parameters_are_bounded_and_named() {
+    assert_eq!(Sla::of(&cfg(&[])).unwrap(), None);
+    let s = Sla::of(&cfg(&[(P99_KEY, "25"), (WINDOW_KEY, "5")]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.p99, Some(Duration::from_millis(25)));
+    assert_eq!(s.window, Duration::from_secs(5));
+    assert_eq!(s.min_requests, DEFAULT_MIN_REQUESTS);
+    for (k, v) in [
+        (P99_KEY, "0"),
+        (P99_KEY, "-1"),
+        (P99_KEY, "NaN"),
+        (P99_KEY, "1e300"),
+        (ERROR_RATE_KEY, "1"),
+        (ERROR_RATE_KEY, "-0.1"),
+        (WINDOW_KEY, "0"),
+        (WINDOW_KEY, "99999999999"),
+        (MIN_REQUESTS_KEY, "0"),
+    ] {
+        let mut params = vec![(k, v)];
+        if k != P99_KEY {
+            params.push((P99_KEY, "10"));
+        }
+        let err = Sla::of(&cfg(&params)).unwrap_err();
+        assert_eq!(err.path, format!("parameters.{k}"), "{k}={v}: {err:?}");
+    }
+    let err = Sla::of(&cfg(&[(WINDOW_KEY, "5")])).unwrap_err();
+    assert!(err.message.contains("needs"), "{err:?}");
+}
+
+fn embedder(extra: &[(&str, &str)]) -> ModelConfig {
+    let text = r#"
+        name: "e"
+        backend: "wasm"
+        input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+        output [ { name: "EMBEDDING" data_type: TYPE_FP32 dims: [ 4 ] },
+                 { name: "TOKENS" data_type: TYPE_INT64 dims: [ 1 ] } ]"#;
+    let mut c = crate::config::parse_pbtxt("e", text).unwrap();
+    c.parameters = cfg(extra).parameters;
+    c
+}
+
+#[test]
+fn models_join_the_embeddings_api_only_when_asked() {
+    assert_eq!(EmbeddingApi::of(&embedder(&[])).unwrap(), None);
+    let api = EmbeddingApi::of(&embedder(&[("openai.api", "embeddings")]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (api.input.as_str(), api.output.as_str()),
+        ("TEXT", "EMBEDDING")
+    );
+    assert_eq!(
+        (api.size, api.usage, api.dimensions),
+        (4, None, Dimensions::Fixed)
+    );
+    assert_eq!(api.max_inputs, MAX_EMBEDDING_INPUTS);
+}
+
+#[test]
+fn embeddings_parameters_are_checked_against_the_signature() {
+    let with = |pairs: &[(&str, &str)]| {
+        let mut all = vec![("openai.api", "embeddings")];
+        all.extend_from_slice(pairs);
+        EmbeddingApi::of(&embedder(&all))
+    };
+    let api = with(&[
+        ("openai.usage", "TOKENS"),
+        ("openai.dimensions", "truncate"),
+    ])
+    .unwrap()
+    .unwrap();
+    assert_eq!(api.usage.as_deref(), Some("TOKENS"));
+    assert_eq!(api.dimensions, Dimensions::Truncate);
+    for (pair, named) in [
+        (("openai.output", "TOKENS"), "openai.output"),
+        (("openai.output", "NOPE"), "openai.output"),
+        (("openai.usage", "EMBEDDING"), "openai.usage"),
+        (("openai.input", "EMBEDDING"), "openai.input"),
+        (("openai.dimensions", "any"), "openai.dimensions"),
+        (("openai.max_inputs", "0"), "openai.max_inputs"),
+        (("openai.max_inputs", "5000"), "openai.max_inputs"),
+    ] {
+        let e = with(&[pair]).unwrap_err();
+        assert_eq!(e.path, format!("parameters.{named}"), "{pair:?}: {e:?}");
+    }
+    let e = EmbeddingApi::of(&embedder(&[("openai.api", "chat")])).unwrap_err();
+    assert_eq!(e.path, "parameters.openai.api");
+}
+
+#[test]
+fn a_spec_carries_its_parameters_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = embedder(&[
+        ("openai.api", "embeddings"),
+        (P99_KEY, "50"),
+        (FUEL_KEY, "7"),
+    ]);
+    crate::config::normalize(&mut c, "e", dir.path());
+    let spec = crate::config::validate(c, "e", dir.path()).unwrap();
+    assert_eq!(spec.params.sandbox.as_ref().unwrap().fuel, Some(7));
+    assert_eq!(spec.params.embeddings.as_ref().unwrap().size, 4);
+    assert_eq!(
+        spec.params.sla.as_ref().unwrap().p99,
+        Some(Duration::from_millis(50))
+    );
+}

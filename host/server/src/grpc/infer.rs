@@ -1,0 +1,231 @@
+//! `ModelInfer` and `ModelStreamInfer`: a decoded request through the service, and the
+//! stream with its bounded in-flight window and per-stream sequences.
+
+use super::*;
+
+pub(super) async fn infer(
+    service: &Service,
+    mut req: pb::ModelInferRequest,
+    trace_parent: Option<TraceParent>,
+    scope: &Scope,
+    charged: Option<crate::service::Charge>,
+) -> Result<pb::ModelInferResponse, Error> {
+    let received = std::time::Instant::now();
+    // Raw contents are sliced from the message without copies; typed contents are held as
+    // decoded (a packed varint of one byte is eight in an int64 vector) and converted into a
+    // second buffer of their element size.
+    let size: u64 = req
+        .raw_input_contents
+        .iter()
+        .map(|r| r.len() as u64)
+        .sum::<u64>()
+        + req
+            .inputs
+            .iter()
+            .filter_map(|t| t.contents.as_ref())
+            .map(|c| 2 * decoded_bytes(c))
+            .sum::<u64>();
+    // Charged by the codec before decoding when the call came through the front end; charged
+    // here when the service trait is called directly.
+    let _budget = match charged {
+        Some(charge) => charge,
+        None => service.admit(size)?,
+    };
+    let version = (!req.model_version.is_empty()).then(|| std::mem::take(&mut req.model_version));
+    let m = service.model(&req.model_name, version.as_deref())?;
+    let decoded = decode(req).map(|mut d| {
+        d.shm_scope = scope.clone();
+        d
+    });
+    let answer = service.infer(m, decoded, received, trace_parent).await?;
+    let mut resp = pb::ModelInferResponse {
+        model_name: answer.model.name.clone(),
+        model_version: answer.model.version.to_string(),
+        id: answer.id,
+        ..Default::default()
+    };
+    for (spec, t) in answer.outputs {
+        let mut parameters = HashMap::new();
+        let data = match &spec.shm {
+            // written into the region by the service; an empty entry keeps the raw list aligned
+            Some(at) => {
+                let param = |c| pb::InferParameter {
+                    parameter_choice: Some(c),
+                };
+                use pb::infer_parameter::ParameterChoice as C;
+                parameters.insert(
+                    "shared_memory_region".to_string(),
+                    param(C::StringParam(at.region.clone())),
+                );
+                parameters.insert(
+                    "shared_memory_byte_size".to_string(),
+                    param(C::Int64Param(t.data.len() as i64)),
+                );
+                if at.offset > 0 {
+                    parameters.insert(
+                        "shared_memory_offset".to_string(),
+                        param(C::Int64Param(at.offset as i64)),
+                    );
+                }
+                Bytes::new()
+            }
+            None => t.data,
+        };
+        resp.outputs
+            .push(pb::model_infer_response::InferOutputTensor {
+                name: t.name,
+                datatype: t.datatype.as_str().to_string(),
+                shape: t.shape,
+                parameters,
+                ..Default::default()
+            });
+        resp.raw_output_contents.push(data);
+    }
+    Ok(resp)
+}
+
+/// The parameters a streamed response carries: the request's sequence flags, echoed so that a
+/// client running several sequences on one stream can tell their responses apart, and
+/// `triton_final_response` (every response is its request's last: Wisp has no decoupled
+/// models), which clients that ask for an empty final response wait for.
+pub(super) fn stream_flags(
+    request: &HashMap<String, pb::InferParameter>,
+) -> impl Iterator<Item = (String, pb::InferParameter)> {
+    let echoed: Vec<_> = ["sequence_id", "sequence_start", "sequence_end"]
+        .into_iter()
+        .filter_map(|k| request.get(k).map(|p| (k.to_string(), p.clone())))
+        .collect();
+    let last = pb::InferParameter {
+        parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(true)),
+    };
+    echoed
+        .into_iter()
+        .chain([("triton_final_response".to_string(), last)])
+}
+
+/// Sequences of one stream whose last request is remembered for ordering, before finished ones
+/// are forgotten.
+pub(super) const STREAM_SEQUENCES_KEPT: usize = 256;
+
+/// A `ModelStreamInfer` message that failed to decode: tonic's status, except that a message
+/// over `--grpc-max-message-size` is RESOURCE_EXHAUSTED.
+pub(super) fn stream_decode_status(e: Status) -> Status {
+    if e.code() == tonic::Code::OutOfRange && is_oversize(e.message().as_bytes()) {
+        Status::resource_exhausted(e.message().to_string())
+    } else {
+        e
+    }
+}
+
+/// Whether an OUT_OF_RANGE message from tonic is its "message length too large" decode error
+/// (in a `grpc-message` header it is percent-encoded).
+pub(super) fn is_oversize(message: &[u8]) -> bool {
+    message.windows(9).any(|w| w == b"too large")
+        || message.windows(11).any(|w| w == b"too%20large")
+}
+
+pub(super) async fn model_infer(
+    svc: &GrpcService,
+    r: Request<pb::ModelInferRequest>,
+) -> Result<Response<pb::ModelInferResponse>, Status> {
+    let parent = trace_parent(r.metadata());
+    let scope = shm_scope(r.metadata()).map_err(status)?;
+    infer(
+        &svc.service,
+        r.into_inner(),
+        parent,
+        &scope,
+        codec::take_charge(),
+    )
+    .await
+    .map(Response::new)
+    .map_err(status)
+}
+
+pub(super) async fn model_stream_infer(
+    svc: &GrpcService,
+    r: Request<Streaming<pb::ModelInferRequest>>,
+) -> Result<Response<ResponseStream>, Status> {
+    // a stream's requests are traced under the context the stream was opened with
+    let stream_parent = trace_parent(r.metadata());
+    let scope = shm_scope(r.metadata()).map_err(status)?;
+    let mut inbound = r.into_inner();
+    let service = svc.service.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    // At most this many requests of the stream are in flight, counting responses the client
+    // has not read yet: past it the next message is not read, so a client that does not read
+    // its responses is slowed down by HTTP/2 flow control instead of buffered without limit.
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(svc.stream_in_flight));
+    // Messages are decoded in this task as it reads them: under its own budget slot.
+    let slot = codec::CallBudget::new(&service.budget);
+    tokio::spawn(codec::CALL.scope(slot, async move {
+        // The requests of one sequence reach the model in stream order: each waits for the
+        // one before it (a sequence runs one request at a time anyway).
+        let mut sequences: HashMap<String, tokio::sync::oneshot::Receiver<()>> = HashMap::new();
+        loop {
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                break;
+            };
+            let Some(next) = inbound.next().await else {
+                break;
+            };
+            let (req, charged) = match next {
+                Ok(req) => (req, codec::take_charge()),
+                Err(e) => {
+                    // The stream ends with the decode error, an oversize message reported
+                    // as RESOURCE_EXHAUSTED as for unary calls.
+                    let _ = tx.send(Err(stream_decode_status(e))).await;
+                    break;
+                }
+            };
+            let (service, tx) = (service.clone(), tx.clone());
+            let (done, after) = match req.parameters.get("sequence_id") {
+                Some(p) => {
+                    if sequences.len() >= STREAM_SEQUENCES_KEPT {
+                        sequences.retain(|_, rx| {
+                            rx.try_recv().is_err_and(|e| {
+                                e == tokio::sync::oneshot::error::TryRecvError::Empty
+                            })
+                        });
+                    }
+                    let (done, next) = tokio::sync::oneshot::channel();
+                    (
+                        Some(done),
+                        sequences.insert(param_to_json(p).to_string(), next),
+                    )
+                }
+                None => (None, None),
+            };
+            let scope = scope.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                if let Some(previous) = after {
+                    let _ = previous.await;
+                }
+                let _done = done;
+                let id = req.id.clone();
+                let flags = stream_flags(&req.parameters);
+                let mut msg = match infer(&service, req, stream_parent, &scope, charged).await {
+                    Ok(resp) => pb::ModelStreamInferResponse {
+                        error_message: String::new(),
+                        infer_response: Some(resp),
+                    },
+                    Err(e) => pb::ModelStreamInferResponse {
+                        error_message: e.message().to_string(),
+                        infer_response: Some(pb::ModelInferResponse {
+                            id,
+                            ..Default::default()
+                        }),
+                    },
+                };
+                if let Some(r) = msg.infer_response.as_mut() {
+                    r.parameters.extend(flags);
+                }
+                let _ = tx.send(Ok(msg)).await;
+            });
+        }
+    }));
+    Ok(Response::new(Box::pin(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    )))
+}

@@ -1,0 +1,202 @@
+//! Decoding a `ModelInferRequest` into the service's request: parameters, typed contents
+//! (charged at their decoded size), raw contents, shared-memory references, trace context.
+
+use super::*;
+
+pub(super) fn param_to_json(p: &pb::InferParameter) -> serde_json::Value {
+    use pb::infer_parameter::ParameterChoice as C;
+    match &p.parameter_choice {
+        Some(C::BoolParam(b)) => (*b).into(),
+        Some(C::Int64Param(i)) => (*i).into(),
+        Some(C::StringParam(s)) => s.clone().into(),
+        Some(C::DoubleParam(d)) => (*d).into(),
+        Some(C::Uint64Param(u)) => (*u).into(),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// `contents` (typed repeated fields) → little-endian bytes.
+pub(super) fn contents_to_bytes(
+    name: &str,
+    dt: DataType,
+    c: &pb::InferTensorContents,
+) -> Result<Vec<u8>, Error> {
+    let out: Vec<u8> = match dt {
+        DataType::Bool => c.bool_contents.iter().map(|&b| b as u8).collect(),
+        DataType::Int8 => c.int_contents.iter().map(|&v| v as i8 as u8).collect(),
+        DataType::Int16 => c
+            .int_contents
+            .iter()
+            .flat_map(|&v| (v as i16).to_le_bytes())
+            .collect(),
+        DataType::Int32 => c
+            .int_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Int64 => c
+            .int64_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Uint8 => c.uint_contents.iter().map(|&v| v as u8).collect(),
+        DataType::Uint16 => c
+            .uint_contents
+            .iter()
+            .flat_map(|&v| (v as u16).to_le_bytes())
+            .collect(),
+        DataType::Uint32 => c
+            .uint_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Uint64 => c
+            .uint64_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Fp32 => c
+            .fp32_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Fp64 => c
+            .fp64_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Bytes => encode_bytes_elements(c.bytes_contents.iter()),
+        DataType::Fp16 | DataType::Bf16 => {
+            return Err(Error::invalid(format!(
+                "input '{name}': {dt} data must be sent in raw_input_contents"
+            )))
+        }
+    };
+    Ok(out)
+}
+
+/// A `ModelInferRequest` → the service's [`Decoded`] (the service validates it against the
+/// model).
+pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
+    let params_json =
+        |p: &HashMap<String, pb::InferParameter>| -> serde_json::Map<String, serde_json::Value> {
+            p.iter()
+                .map(|(k, v)| (k.clone(), param_to_json(v)))
+                .collect()
+        };
+    // Inputs in shared memory carry no raw contents: the raw list matches the others.
+    let in_shm: Vec<Option<ShmRef>> = req
+        .inputs
+        .iter()
+        .map(|t| shm_ref(&params_json(&t.parameters), &format!("input '{}'", t.name)))
+        .collect::<Result<_, Error>>()?;
+    let with_data = in_shm.iter().filter(|s| s.is_none()).count();
+    if !req.raw_input_contents.is_empty() && req.raw_input_contents.len() != with_data {
+        return Err(Error::invalid(format!(
+            "expected {with_data} raw_input_contents (one per input not in shared memory), got {}",
+            req.raw_input_contents.len()
+        )));
+    }
+    let mut inputs = Vec::with_capacity(req.inputs.len());
+    let mut shm_inputs = Vec::new();
+    let mut raw = req.raw_input_contents.iter();
+    for (t, place) in req.inputs.into_iter().zip(in_shm) {
+        let dt =
+            DataType::parse(&t.datatype).map_err(|e| e.context(format!("input '{}'", t.name)))?;
+        if t.shape.iter().any(|&d| d < 0) {
+            return Err(Error::invalid(format!(
+                "input '{}': shape has a negative dimension",
+                t.name
+            )));
+        }
+        if let Some(at) = place {
+            shm_inputs.push(ShmInput {
+                name: t.name,
+                datatype: dt,
+                shape: t.shape,
+                at,
+            });
+            continue;
+        }
+        let data: Bytes = match raw.next() {
+            Some(raw) => raw.clone(),
+            None => {
+                let c = t.contents.unwrap_or_default();
+                contents_to_bytes(&t.name, dt, &c)?.into()
+            }
+        };
+        inputs.push(Tensor::new(t.name, dt, t.shape, data)?);
+    }
+    let mut outputs = Vec::with_capacity(req.outputs.len());
+    for o in req.outputs {
+        let classification = match o.parameters.get("classification").map(param_to_json) {
+            None => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .filter(|&n| n > 0 && n <= MAX_CLASSIFICATION)
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "output '{}': 'classification' must be an integer in 1..={MAX_CLASSIFICATION}",
+                            o.name
+                        ))
+                    })? as usize,
+            ),
+        };
+        let shm = shm_ref(&params_json(&o.parameters), &format!("output '{}'", o.name))?;
+        outputs.push(OutputSpec {
+            name: o.name,
+            binary: None,
+            classification,
+            shm,
+        });
+    }
+    let request = InferRequest {
+        id: req.id,
+        inputs,
+        requested_outputs: outputs.iter().map(|o| o.name.clone()).collect(),
+        parameters: req
+            .parameters
+            .iter()
+            .map(|(k, v)| (k.clone(), param_to_json(v)))
+            .collect(),
+        // Scheduling and sequence flags are read from the parameters by the service.
+        ..Default::default()
+    };
+    Ok(Decoded {
+        request,
+        outputs,
+        binary_default: false,
+        shm_inputs,
+        shm_scope: Scope::default(),
+    })
+}
+
+/// The call's shared memory scope, from its `wisp-shm-token` metadata.
+pub(super) fn shm_scope(metadata: &tonic::metadata::MetadataMap) -> Result<Scope, Error> {
+    Scope::from_token(metadata.get(shm::TOKEN_HEADER).map(|v| v.as_bytes()))
+}
+
+/// The client's W3C trace context, from the call's `traceparent` metadata.
+pub(super) fn trace_parent(metadata: &tonic::metadata::MetadataMap) -> Option<TraceParent> {
+    metadata
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceParent::parse)
+}
+
+/// The memory typed contents hold once decoded: each element at its in-memory size (prost's
+/// `encoded_len` undercounts packed varints up to eightfold).
+pub(crate) fn decoded_bytes(c: &pb::InferTensorContents) -> u64 {
+    let n = |len: usize, size: usize| (len as u64).saturating_mul(size as u64);
+    n(c.bool_contents.len(), 1)
+        + n(c.int_contents.len(), 4)
+        + n(c.uint_contents.len(), 4)
+        + n(c.fp32_contents.len(), 4)
+        + n(c.int64_contents.len(), 8)
+        + n(c.uint64_contents.len(), 8)
+        + n(c.fp64_contents.len(), 8)
+        + c.bytes_contents
+            .iter()
+            .map(|b| b.len() as u64 + 4)
+            .sum::<u64>()
+}
