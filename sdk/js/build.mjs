@@ -1,5 +1,6 @@
-// Builds a JavaScript plugin into a component: node sdk/js/build.mjs PLUGIN.js OUT.wasm
-// (run `npm install` in sdk/js once; ./dev plugins does both). componentize-js takes one
+// Builds a JavaScript plugin into a component: node build.mjs PLUGIN.js OUT.wasm [WIT_DIR]
+// (WIT_DIR defaults to the Wisp tree's wit/; run `npm ci` beside package.json once; ./dev
+// plugins and `wisp plugin build` do both). componentize-js takes one
 // module, so wisp.js is put in front of the plugin and the plugin's `import ... from "wisp"`
 // line is dropped.
 import { componentize } from '@bytecodealliance/componentize-js';
@@ -7,9 +8,9 @@ import { readFile, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-const [input, output] = process.argv.slice(2);
+const [input, output, witDir] = process.argv.slice(2);
 if (!input || !output) {
-  console.error('usage: node sdk/js/build.mjs PLUGIN.js OUT.wasm');
+  console.error('usage: node build.mjs PLUGIN.js OUT.wasm [WIT_DIR]');
   process.exit(2);
 }
 const here = dirname(fileURLToPath(import.meta.url));
@@ -22,7 +23,7 @@ if (!importLine.test(plugin)) {
 }
 const source = `${wisp}\n// ---- ${input}\n${plugin.replace(importLine, '')}`;
 const { component } = await componentize(source, {
-  witPath: join(here, '..', '..', 'wit'),
+  witPath: witDir ?? join(here, '..', '..', 'wit'),
   worldName: 'wisp:plugin/model@0.2.0',
   disableFeatures: ['http', 'fetch-event'],
 });

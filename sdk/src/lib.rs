@@ -53,7 +53,7 @@ pub mod testing;
 )]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: ["../wit/deps/wasi-nn", "../wit/plugin.wit"],
+        path: ["wit/deps/wasi-nn", "wit/plugin.wit"],
         world: "wisp:plugin/model",
         pub_export_macro: true,
         default_bindings_module: "wisp_sdk::bindings",

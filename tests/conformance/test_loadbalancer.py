@@ -15,7 +15,7 @@ def test_replicas_behind_nginx_lose_no_request_when_killed_rolled_and_restarted(
     assert result["failed_http"] == 0, result["errors"]
     # nginx streams a gRPC request's body to the replica instead of buffering it, so it cannot
     # replay a call whose replica died mid-call: that call fails with UNAVAILABLE (one per kill
-    # at most, a status gRPC clients retry). README, "Replicas behind a load balancer".
+    # at most, a status gRPC clients retry). docs/operations.md, "Replicas behind a load balancer".
     assert result["failed_grpc"] <= 2, result["errors"]
     assert result["requests"] > 100
     assert result["versions"] == ["1", "2"], "the rolled replica answered with version 2"

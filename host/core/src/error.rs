@@ -1,7 +1,7 @@
 //! The closed set of error kinds every Wisp crate reports, and the core error type.
 //!
-//! Front ends map [`ErrorKind`] to an HTTP status (and later a gRPC code) in exactly one place
-//! each; everything else only picks the kind.
+//! Front ends map [`ErrorKind`] to an HTTP status (`wisp_server::http::error`) and a gRPC code
+//! (`wisp_server::grpc::status`) in exactly one place each; everything else only picks the kind.
 
 /// What went wrong, as a client sees it. Mirrors Triton's `TRITONSERVER_Error_Code`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

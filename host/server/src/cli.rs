@@ -110,7 +110,15 @@ pub fn main() -> anyhow::Result<()> {
         Command::Serve(settings) => settings,
         Command::Sign(args) => return sign(args),
         Command::Keygen(args) => return keygen(args),
-        Command::Plugin(cmd) => return crate::plugin_cli::run(cmd),
+        Command::Plugin(cmd) => {
+            // One clear line, never a backtrace (whatever RUST_BACKTRACE holds): these are
+            // a plugin author's mistakes and missing tools, not Wisp's bugs.
+            if let Err(e) = crate::plugin_cli::run(cmd) {
+                eprintln!("wisp plugin: {e:#}");
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
     };
     // Before any thread starts (tokio's, the loaders', the instances').
     let arenas = crate::alloc::limit_arenas(&*settings.env);

@@ -58,6 +58,8 @@ impl LogSettings {
             "wisp_core",
             "wisp_scheduler",
             "wisp_backend_onnx",
+            "wisp_plugin_runtime",
+            "wisp_models",
         ];
         let mut f = String::from("warn");
         for c in crates {

@@ -1,16 +1,20 @@
 //! `wisp plugin`: scaffold, build, check and run plugins without a server.
 //!
-//! - `new NAME --lang rust|python|js` writes a buildable plugin with a test and a
-//!   `config.pbtxt`;
-//! - `build DIR` builds it into `<out>/<name>/1/model.wasm` (a repository layout);
+//! - `new NAME --lang rust|python|js` writes a buildable plugin project with a test, its own
+//!   copy of the WIT package and of the language's SDK (all carried in the binary: `kit`);
+//! - `build DIR` builds it into `<out>/<name>/1/model.wasm` (a repository layout), installing
+//!   what it can of the language's tools;
 //! - `check FILE` compiles and links a component as a load would, and prints its world, its
 //!   imports with what the sandbox makes of them, and what it describes;
 //! - `run FILE --input NAME=JSON|@FILE` executes one request in a sandboxed instance.
 //!
-//! Building needs the language's tools: `cargo` with the `wasm32-wasip2` target, or
-//! `componentize-py`, or Node.js with `sdk/js`'s packages; they and the WIT and SDKs are found
-//! in the Wisp source tree (`--wisp-root`, `WISP_ROOT`, or the nearest parent directory that
-//! holds `wit/plugin.wit`).
+//! Building needs the language's tools: `cargo` (the `wasm32-wasip2` target is added with
+//! rustup), `componentize-py` (installed from PyPI with `python3` when missing), or Node.js and
+//! npm (componentize-js is installed into the project with `npm ci`). No Wisp source tree is
+//! needed.
+
+mod kit;
+mod templates;
 
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
@@ -35,10 +39,6 @@ pub enum PluginCommand {
         /// Where to create the project directory (default: the current directory).
         #[arg(long, value_name = "DIR", default_value = ".")]
         dir: PathBuf,
-        /// The Wisp source tree (for the SDK path a Rust project depends on; else `WISP_ROOT`,
-        /// else found upwards from here).
-        #[arg(long, value_name = "DIR")]
-        wisp_root: Option<PathBuf>,
     },
     /// Build a plugin project into `<out>/<name>/1/model.wasm` (with its config.pbtxt).
     Build {
@@ -47,9 +47,6 @@ pub enum PluginCommand {
         /// The repository to write into (default: `<dir>/build`).
         #[arg(long, value_name = "REPO")]
         out: Option<PathBuf>,
-        /// The Wisp source tree (WIT, SDKs, tools; else `WISP_ROOT`, else found upwards).
-        #[arg(long, value_name = "DIR")]
-        wisp_root: Option<PathBuf>,
     },
     /// Compile and link a component as the server would; print its world, imports and
     /// signature. Fails when the server could not load it.
@@ -86,19 +83,10 @@ pub enum Lang {
 /// Runs one `wisp plugin` command.
 pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
     match cmd {
-        PluginCommand::New {
-            name,
-            lang,
-            dir,
-            wisp_root,
-        } => new(&name, lang, &dir, wisp_root),
-        PluginCommand::Build {
-            dir,
-            out,
-            wisp_root,
-        } => {
+        PluginCommand::New { name, lang, dir } => new(&name, lang, &dir),
+        PluginCommand::Build { dir, out } => {
             let out = out.unwrap_or_else(|| dir.join("build"));
-            let file = build(&dir, &out, wisp_root)?;
+            let file = build(&dir, &out)?;
             println!("built {}", file.display());
             Ok(())
         }
@@ -109,31 +97,6 @@ pub fn run(cmd: PluginCommand) -> anyhow::Result<()> {
             inputs,
         } => run_once(&file, config.as_deref(), &inputs),
     }
-}
-
-/// The Wisp source tree: given, or the nearest parent of the current directory (or of the
-/// executable) holding `wit/plugin.wit`.
-fn wisp_root(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let given = given.or_else(|| std::env::var_os("WISP_ROOT").map(PathBuf::from));
-    if let Some(root) = given {
-        anyhow::ensure!(
-            root.join("wit/plugin.wit").is_file(),
-            "{} is not a Wisp source tree (no wit/plugin.wit)",
-            root.display()
-        );
-        return Ok(std::fs::canonicalize(root)?);
-    }
-    let starts = [std::env::current_dir().ok(), std::env::current_exe().ok()];
-    for start in starts.into_iter().flatten() {
-        let mut at = Some(start.as_path());
-        while let Some(dir) = at {
-            if dir.join("wit/plugin.wit").is_file() {
-                return Ok(dir.to_path_buf());
-            }
-            at = dir.parent();
-        }
-    }
-    bail!("cannot find the Wisp source tree (wit/plugin.wit): pass --wisp-root or set WISP_ROOT")
 }
 
 /// A name usable as a model, a directory and (with `_`) a Rust crate.
@@ -151,13 +114,7 @@ fn check_name(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-const CONFIG: &str = r#"backend: "wasm"
-max_batch_size: 8
-input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
-output [ { name: "UPPER" data_type: TYPE_STRING dims: [ 1 ] } ]
-"#;
-
-fn new(name: &str, lang: Lang, dir: &Path, root: Option<PathBuf>) -> anyhow::Result<()> {
+fn new(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<()> {
     check_name(name)?;
     let project = dir.join(name);
     anyhow::ensure!(
@@ -165,57 +122,53 @@ fn new(name: &str, lang: Lang, dir: &Path, root: Option<PathBuf>) -> anyhow::Res
         "{} already exists: pick another name or directory",
         project.display()
     );
-    let mut files: Vec<(PathBuf, String)> = vec![(project.join("config.pbtxt"), CONFIG.into())];
+    let named = |t: &str| {
+        t.replace("@NAME@", name)
+            .replace("@TYPE@", &templates::type_name(name))
+    };
+    let (steps, files): (&str, Vec<(&str, String)>) = match lang {
+        Lang::Rust => (
+            "cargo test                                            # the logic, natively",
+            vec![
+                ("Cargo.toml", named(templates::RUST_MANIFEST)),
+                ("src/lib.rs", named(templates::RUST)),
+                (".gitignore", "/target\n/build\n".into()),
+            ],
+        ),
+        Lang::Python => (
+            "python3 -m pytest                                     # the logic, natively",
+            vec![
+                ("model.py", named(templates::PYTHON)),
+                ("test_model.py", templates::PYTHON_TEST.into()),
+                ("conftest.py", templates::PYTHON_CONFTEST.into()),
+                (".gitignore", "/build\n__pycache__/\n".into()),
+            ],
+        ),
+        Lang::Js => (
+            "npm ci                                                # componentize-js (build runs it too)",
+            vec![
+                ("plugin.js", named(templates::JS)),
+                (".gitignore", "/build\n/node_modules\n".into()),
+            ],
+        ),
+    };
+    let readme = named(templates::README).replace("@STEPS@", steps);
+    let mut text: Vec<(&str, &[u8])> = files.iter().map(|(p, t)| (*p, t.as_bytes())).collect();
+    text.push(("README.md", readme.as_bytes()));
+    kit::write_tree(&project, &text)?;
+    kit::write_tree(&project.join("wit"), kit::WIT)?;
+    let sdk = project.join("wisp-sdk");
     match lang {
-        Lang::Rust => {
-            let sdk = wisp_root(root)?.join("sdk");
-            files.push((
-                project.join("Cargo.toml"),
-                format!(
-                    r#"[package]
-name = "{name}"
-version = "0.1.0"
-edition = "2021"
-
-[lib]
-crate-type = ["cdylib"]
-
-[dependencies]
-wisp-sdk = {{ path = "{}" }}
-
-[profile.release]
-opt-level = 3
-lto = true
-strip = "debuginfo"
-
-# its own workspace, wherever it is created
-[workspace]
-"#,
-                    sdk.display()
-                ),
-            ));
-            files.push((
-                project.join("src/lib.rs"),
-                RUST_TEMPLATE.replace("NAME", name),
-            ));
-        }
-        Lang::Python => {
-            files.push((
-                project.join("model.py"),
-                PYTHON_TEMPLATE.replace("NAME", name),
-            ));
-            files.push((project.join("test_model.py"), PYTHON_TEST.into()));
-        }
+        Lang::Rust => kit::write_rust_sdk(&sdk)?,
+        Lang::Python => kit::write_tree(&sdk, kit::SDK_PYTHON)?,
         Lang::Js => {
-            files.push((project.join("plugin.js"), JS_TEMPLATE.replace("NAME", name)));
+            let (package, module): (Vec<_>, Vec<_>) =
+                kit::SDK_JS.iter().copied().partition(|(rel, _)| {
+                    matches!(*rel, "package.json" | "package-lock.json" | ".npmrc")
+                });
+            kit::write_tree(&project, &package)?;
+            kit::write_tree(&sdk, &module)?;
         }
-    }
-    for (path, text) in &files {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create {}", parent.display()))?;
-        }
-        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     }
     println!(
         "created {} ({lang:?}); build it with: wisp plugin build {}",
@@ -225,28 +178,22 @@ strip = "debuginfo"
     Ok(())
 }
 
-/// Runs `cmd`, failing with its name and exit status.
-fn spawn(mut cmd: Process) -> anyhow::Result<()> {
-    let what = format!("{cmd:?}");
-    let status = cmd
-        .status()
-        .with_context(|| format!("cannot run {what} (is it installed?)"))?;
-    anyhow::ensure!(status.success(), "{what} failed ({status})");
-    Ok(())
-}
-
-fn build(dir: &Path, out: &Path, root: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+fn build(dir: &Path, out: &Path) -> anyhow::Result<PathBuf> {
     let dir = std::fs::canonicalize(dir).with_context(|| format!("{}", dir.display()))?;
     let name = dir
         .file_name()
-        .map(|n| n.to_string_lossy().replace('-', "_"))
+        .map(|n| n.to_string_lossy().into_owned())
         .context("the project directory has no name")?;
     let target = out.join(&name).join("1");
     std::fs::create_dir_all(&target)
         .with_context(|| format!("cannot create {}", target.display()))?;
-    let wasm = target.join("model.wasm");
+    let wasm = std::path::absolute(target.join("model.wasm"))?;
+    // The embedded WIT and SDKs go here for a project that has no copies of its own.
+    let scratch = tempfile::tempdir()?;
     if dir.join("Cargo.toml").is_file() {
-        let mut cmd = Process::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        let cargo = PathBuf::from(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        kit::ensure_rust_target(&cargo)?;
+        let mut cmd = Process::new(&cargo);
         cmd.args([
             "build",
             "--release",
@@ -255,7 +202,7 @@ fn build(dir: &Path, out: &Path, root: Option<PathBuf>) -> anyhow::Result<PathBu
             "--manifest-path",
         ])
         .arg(dir.join("Cargo.toml"));
-        spawn(cmd)?;
+        kit::spawn(cmd)?;
         let target_dir = std::env::var_os("CARGO_TARGET_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| dir.join("target"));
@@ -265,17 +212,10 @@ fn build(dir: &Path, out: &Path, root: Option<PathBuf>) -> anyhow::Result<PathBu
             .join(format!("{crate_name}.wasm"));
         std::fs::copy(&built, &wasm).with_context(|| format!("cannot copy {}", built.display()))?;
     } else if dir.join("model.py").is_file() {
-        let root = wisp_root(root)?;
-        let tool = std::env::var_os("WISP_COMPONENTIZE_PY")
-            .map(PathBuf::from)
-            .or_else(|| {
-                let venv = root.join(".venv/bin/componentize-py");
-                venv.is_file().then_some(venv)
-            })
-            .unwrap_or_else(|| "componentize-py".into());
+        let tool = kit::componentize_py()?;
         let mut cmd = Process::new(tool);
         cmd.arg("-d")
-            .arg(root.join("wit"))
+            .arg(kit::wit_dir(&dir, scratch.path())?)
             .args([
                 "-w",
                 "wisp:plugin/model@0.2.0",
@@ -283,24 +223,22 @@ fn build(dir: &Path, out: &Path, root: Option<PathBuf>) -> anyhow::Result<PathBu
                 "wisp_app",
                 "-p",
             ])
-            .arg(root.join("sdk/python"))
+            .arg(kit::sdk_dir(&dir, kit::SDK_PYTHON, scratch.path())?)
             .arg("-p")
             .arg(&dir)
             .arg("-o")
             .arg(&wasm);
-        spawn(cmd)?;
+        kit::spawn(cmd)?;
     } else if dir.join("plugin.js").is_file() {
-        let root = wisp_root(root)?;
-        let builder = root.join("sdk/js/build.mjs");
-        anyhow::ensure!(
-            root.join("sdk/js/node_modules/@bytecodealliance/componentize-js")
-                .is_dir(),
-            "componentize-js is not installed: run `npm ci` in {}",
-            root.join("sdk/js").display()
-        );
+        kit::ensure_componentize_js(&dir)?;
+        // build.mjs must sit inside the project to resolve its componentize-js.
+        let sdk = kit::sdk_dir(&dir, kit::SDK_JS, &dir.join("node_modules/.wisp"))?;
         let mut cmd = Process::new("node");
-        cmd.arg(builder).arg(dir.join("plugin.js")).arg(&wasm);
-        spawn(cmd)?;
+        cmd.arg(sdk.join("build.mjs"))
+            .arg(dir.join("plugin.js"))
+            .arg(&wasm)
+            .arg(kit::wit_dir(&dir, scratch.path())?);
+        kit::spawn(cmd)?;
     } else {
         bail!(
             "{}: no Cargo.toml, model.py or plugin.js: not a plugin project",
@@ -536,87 +474,6 @@ fn run_once(file: &Path, config: Option<&Path>, inputs: &[String]) -> anyhow::Re
     );
     Ok(())
 }
-
-const RUST_TEMPLATE: &str = r#"//! NAME: a Wisp plugin. `TEXT` (one string per row) -> `UPPER`, upper-cased.
-
-use wisp_sdk::{Error, Params, Plugin, Request, Response, Tensor};
-
-/// The plugin's state (one per instance).
-pub struct Plugin_;
-
-impl Plugin for Plugin_ {
-    fn init(_params: &Params) -> Result<Self, Error> {
-        Ok(Plugin_)
-    }
-
-    fn execute(&mut self, request: &Request) -> Result<Response, Error> {
-        let text = request.input("TEXT")?;
-        let upper: Vec<String> = text
-            .strings()?
-            .iter()
-            .map(|s| String::from_utf8_lossy(s).to_uppercase())
-            .collect();
-        Ok(Response::new(vec![Tensor::from_strings("UPPER", text.shape.clone(), upper)]))
-    }
-}
-
-wisp_sdk::export_plugin!(Plugin_);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn upper_cases() {
-        let r = Request::new(vec![Tensor::from_strings("TEXT", vec![1, 1], ["wisp"])]);
-        let out = Plugin_.execute(&r).unwrap();
-        let upper = out.output("UPPER").unwrap().strings().unwrap();
-        assert_eq!(upper, vec![b"WISP".as_slice()]);
-    }
-}
-"#;
-
-const PYTHON_TEMPLATE: &str = r#""""NAME: a Wisp plugin in Triton's Python-backend style. TEXT -> UPPER, upper-cased."""
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        pass
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            text = pb_utils.get_input_tensor_by_name(request, "TEXT")
-            upper = [s.upper() for s in text.as_strings()]
-            out = pb_utils.Tensor("UPPER", upper, "BYTES", text.shape())
-            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
-        return responses
-"#;
-
-const PYTHON_TEST: &str = r#""""Run with: PYTHONPATH=<wisp>/sdk/python:. python -m pytest"""
-import triton_python_backend_utils as pb_utils
-from model import TritonPythonModel
-from wisp._api import Request
-
-
-def test_upper_cases():
-    t = pb_utils.Tensor("TEXT", [["wisp"]], "BYTES")
-    [r] = TritonPythonModel().execute([Request("", [t], [], {})])
-    assert pb_utils.get_output_tensor_by_name(r, "UPPER").as_strings() == ["WISP"]
-"#;
-
-const JS_TEMPLATE: &str = r#"// NAME: a Wisp plugin in JavaScript. TEXT -> UPPER, upper-cased.
-import { definePlugin, Tensor } from 'wisp';
-
-export const plugin = definePlugin({
-  execute(request) {
-    const text = request.input('TEXT');
-    return [Tensor.fromStrings('UPPER', text.shape, text.strings().map((s) => s.toUpperCase()))];
-  },
-});
-"#;
 
 #[cfg(test)]
 mod tests {
