@@ -245,7 +245,7 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
             let _ = tokio::time::timeout(Duration::from_secs(35), t).await;
         }
         let rss_end = rss(pid);
-        println!("## soak: {minutes_total:.0} min of mixed load on the release `wisp` (model_repo)\n", minutes_total = total.as_secs_f64() / 60.0);
+        println!("## soak: {minutes_total:.0} min of mixed load on `{}` (model_repo)\n", wisp.display(), minutes_total = total.as_secs_f64() / 60.0);
         println!("| minute | good requests | failed good | p50 µs | p99 µs | bad requests answered 4xx | RSS MB |");
         println!("|---|---|---|---|---|---|---|");
         let mut failed_total = 0;
