@@ -149,4 +149,4 @@ def test_an_output_requested_twice_is_rejected(client):
     with pytest.raises(InferenceServerException) as e:
         client.infer("add_sub", add_sub_inputs(z, z), outputs=outputs)
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "'OUTPUT0' is requested more than once" in e.value.message()
+    assert "output 'OUTPUT0' already exists in request" in e.value.message()

@@ -175,4 +175,4 @@ def test_an_output_requested_twice_is_rejected(client):
     with pytest.raises(InferenceServerException) as e:
         client.infer("add_sub", [a, b], outputs=outputs)
     assert e.value.status() == "400"
-    assert "'OUTPUT0' is requested more than once" in e.value.message()
+    assert "output 'OUTPUT0' already exists in request" in e.value.message()

@@ -359,7 +359,7 @@ fn http_cases() -> Vec<Case> {
         (
             "BYTES one element for two",
             bytes_element(b"hello"),
-            "needs 2 BYTES elements",
+            "expected 2 string elements for inference input",
         ),
         (
             "BYTES three elements for two",
@@ -369,7 +369,7 @@ fn http_cases() -> Vec<Case> {
                 bytes_element(b"c"),
             ]
             .concat(),
-            "needs 2 BYTES elements",
+            "expected 2 string elements for inference input",
         ),
     ] {
         let header = serde_json::to_vec(&json!({"inputs": [

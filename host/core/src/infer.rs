@@ -249,7 +249,7 @@ pub fn validate(req: &InferRequest, sig: &Signature) -> Result<()> {
     for (i, name) in req.requested_outputs.iter().enumerate() {
         if req.requested_outputs[..i].contains(name) {
             return Err(Error::invalid(format!(
-                "output '{name}' is requested more than once"
+                "output '{name}' already exists in request"
             )));
         }
         if sig.output(name).is_none() {
@@ -317,7 +317,7 @@ mod validate_tests {
         let e = validate(&req, &cfg).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::InvalidArg);
         assert!(
-            e.message().contains("'y' is requested more than once"),
+            e.message().contains("output 'y' already exists in request"),
             "{e}"
         );
     }

@@ -49,7 +49,7 @@ impl Tensor {
                     .map_err(|e| e.context(format!("tensor '{name}'")))?;
                 if got != count {
                     return Err(Error::invalid(format!(
-                        "tensor '{name}': shape {shape:?} needs {count} BYTES elements, got {got}"
+                        "expected {count} string elements for inference input '{name}', got {got} (shape {shape:?})"
                     )));
                 }
             }

@@ -122,7 +122,7 @@ impl LogControl {
                     let f = v.as_str().ok_or_else(|| bad("a string"))?;
                     if f != next.log_file {
                         return Err(Error::unsupported(
-                            "changing log_file at run time is not supported; restart with --log-file",
+                            "log file location can not be updated through network protocol (restart with --log-file)",
                         ));
                     }
                 }

@@ -119,7 +119,11 @@ pub(super) async fn repository(app: &AppState, rest: &[&str], req: Request) -> A
             let ready = match body.get("ready") {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(Error::invalid("'ready' must be a boolean").into()),
+                Some(_) => {
+                    return Err(
+                        Error::invalid("Invalid value for 'ready': expected a boolean").into(),
+                    )
+                }
             };
             let rows = app.service.index(ready)?;
             let out: Vec<Value> = rows

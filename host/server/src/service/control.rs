@@ -171,6 +171,7 @@ impl Service {
     /// Loads or reloads `model` (off the async workers).
     pub async fn load(&self, model: &str, req: LoadRequest) -> Result<()> {
         self.check_control(&req.repository, req.caller)?;
+        check_load_name(model)?;
         if req.config.is_some() && self.signed_only {
             return Err(Error::invalid(
                 "a load request may not override a model's config when --require-signed-models is set (the signed config.pbtxt is what loads)",
@@ -268,9 +269,47 @@ impl Service {
     }
 }
 
+/// A load request's model name as Triton checks it, in its words: not empty or blank, and no
+/// path traversal (Wisp then also requires one plain path component).
+fn check_load_name(model: &str) -> Result<()> {
+    if model.trim().is_empty() {
+        return Err(Error::invalid(
+            "Model name cannot be empty. Please enter a valid name to deploy.",
+        ));
+    }
+    if model.contains("..") || model.contains(['/', '\\']) {
+        return Err(Error::invalid(format!(
+            "model name must not contain path traversal characters: '{}'",
+            model.escape_debug()
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Triton's words for a load request's bad names, before anything else is looked at.
+    #[test]
+    fn load_names_are_checked_in_tritons_words() {
+        for blank in ["", "  ", "\t"] {
+            let e = check_load_name(blank).unwrap_err();
+            assert_eq!(
+                e.message(),
+                "Model name cannot be empty. Please enter a valid name to deploy."
+            );
+        }
+        for bad in ["..", "../etc", "a/b", "a\\b", "x/../y"] {
+            let e = check_load_name(bad).unwrap_err();
+            assert!(
+                e.message()
+                    .starts_with("model name must not contain path traversal characters"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(check_load_name("add_sub").is_ok());
+    }
 
     #[test]
     fn override_paths_stay_in_version_directories() {

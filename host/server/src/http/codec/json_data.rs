@@ -12,7 +12,8 @@ use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use wisp_core::{DataType, Error, Result};
 
 /// How deeply `data` arrays may nest.
-const MAX_DEPTH: usize = 64;
+/// Triton's limit on JSON nesting.
+const MAX_DEPTH: usize = 100;
 
 /// Decodes `json` (the raw text of a `data` value) as `count` elements of `dt`.
 pub fn decode(dt: DataType, json: &str, count: usize) -> Result<Vec<u8>> {
@@ -137,7 +138,9 @@ impl<'de> Visitor<'de> for &mut Writer {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
         if self.depth >= MAX_DEPTH {
-            return Err(self.fail(Error::invalid("'data' is nested too deeply")));
+            return Err(self.fail(Error::invalid(
+                "JSON nesting depth exceeds maximum allowed limit (100) in 'data'",
+            )));
         }
         self.depth += 1;
         while seq.next_element_seed(&mut *self)?.is_some() {}
@@ -243,8 +246,11 @@ mod tests {
         assert!(err(DataType::Fp32, "[{}]", 1).contains("object"));
         assert!(err(DataType::Fp32, "[1, 2]", 3).contains("has 2 elements but the shape needs 3"));
         assert!(err(DataType::Fp32, "[1, 2, 3]", 2).contains("more elements than the shape"));
-        let deep = format!("{}1{}", "[".repeat(100), "]".repeat(100));
-        assert!(err(DataType::Fp32, &deep, 1).contains("nested too deeply"));
+        // Triton's limit: 100 levels decode, 101 do not.
+        let nested = |n| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        assert!(decode(DataType::Fp32, &nested(100), 1).is_ok());
+        assert!(err(DataType::Fp32, &nested(101), 1)
+            .contains("JSON nesting depth exceeds maximum allowed limit (100)"));
     }
 
     /// A shape claiming 2^40 elements with one element of data: nothing is sized from the
