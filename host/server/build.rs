@@ -34,10 +34,17 @@ fn embed_plugin_kit() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let mut out = String::new();
     for (name, dir) in &trees {
-        println!("cargo:rerun-if-changed={}", dir.display());
         let mut files = Vec::new();
         walk(dir, dir, &mut files)?;
         files.sort();
+        // Each file, and the directory for files added, except sdk/js: cargo scans a directory
+        // whole, and it holds node_modules.
+        if *name != "SDK_JS" {
+            println!("cargo:rerun-if-changed={}", dir.display());
+        }
+        for (_, abs) in &files {
+            println!("cargo:rerun-if-changed={abs}");
+        }
         out.push_str(&format!(
             "pub(crate) static {name}: &[(&str, &[u8])] = &[\n"
         ));
