@@ -429,7 +429,7 @@ impl Server {
                     .with_context(|| format!("cannot bind metrics on {maddr}"))?;
                 let maddr = l.local_addr()?;
                 tracing::info!(addr = %maddr, "metrics endpoint listening");
-                let app = http::metrics_router(m, registry.clone());
+                let app = metrics::metrics_router(m, registry.clone());
                 let (limits, rx) = (limits.clone(), rx.clone());
                 (
                     Some(maddr),

@@ -350,6 +350,31 @@ impl crate::models::Observers for Metrics {
     }
 }
 
+/// The metrics front end: `GET /metrics` in Prometheus text format.
+pub fn metrics_router(
+    metrics: std::sync::Arc<Metrics>,
+    registry: std::sync::Arc<crate::models::Registry>,
+) -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let (metrics, registry) = (metrics.clone(), registry.clone());
+            async move {
+                let body = tokio::task::spawn_blocking(move || metrics.render(&registry))
+                    .await
+                    .unwrap_or_default();
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4",
+                    )],
+                    body,
+                )
+            }
+        }),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

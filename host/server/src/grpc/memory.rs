@@ -1,6 +1,7 @@
 //! System shared memory registration and status; CUDA shared memory answers UNIMPLEMENTED.
 
 use super::*;
+use crate::service::shm::cuda_unsupported;
 
 pub(super) async fn system_shared_memory_status(
     svc: &GrpcService,

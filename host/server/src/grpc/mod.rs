@@ -105,13 +105,6 @@ pub async fn guard(
     resp
 }
 
-/// CUDA shared memory needs a GPU; Wisp runs models on the CPU.
-pub(crate) fn cuda_unsupported() -> Error {
-    Error::unsupported(
-        "CUDA shared memory is not supported: Wisp runs models on the CPU (use system shared memory)",
-    )
-}
-
 /// The service.
 pub struct GrpcService {
     service: Arc<Service>,

@@ -33,8 +33,6 @@ use serde_json::{json, Value};
 use wisp_core::config::config_to_json;
 use wisp_core::Error;
 
-use crate::metrics::Metrics;
-use crate::models::Registry;
 use crate::service::control::{Caller, LoadRequest};
 use crate::service::query::{Duration, TensorMetadata, VersionStats};
 use crate::service::shm::{Scope, TOKEN_HEADER};
@@ -103,7 +101,7 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
         (["v2", "systemsharedmemory", rest @ ..], _) => {
             system_shared_memory(&app, rest, &method, req).await
         }
-        (["v2", "cudasharedmemory", ..], _) => Err(crate::grpc::cuda_unsupported().into()),
+        (["v2", "cudasharedmemory", ..], _) => Err(crate::service::shm::cuda_unsupported().into()),
         (["v2", "models", rest @ ..], _) if !rest.is_empty() => {
             model_route(&app, rest, &method, req).await
         }
@@ -307,22 +305,6 @@ fn stats(app: &AppState, model: Option<&str>, version: Option<&str>) -> ApiResul
         .map(version_stats_json)
         .collect();
     Ok(json_response(json!({ "model_stats": out })))
-}
-
-/// The metrics front end: `GET /metrics` in Prometheus text format.
-pub fn metrics_router(metrics: Arc<Metrics>, registry: Arc<Registry>) -> axum::Router {
-    axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let (metrics, registry) = (metrics.clone(), registry.clone());
-            async move {
-                let body = tokio::task::spawn_blocking(move || metrics.render(&registry))
-                    .await
-                    .unwrap_or_default();
-                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
-            }
-        }),
-    )
 }
 
 /// A client's W3C `traceparent` header, when it has a valid one (the parent of its trace).

@@ -409,6 +409,13 @@ fn check_key(key: &str) -> Result<()> {
     Ok(())
 }
 
+/// CUDA shared memory needs a GPU; Wisp runs models on the CPU.
+pub fn cuda_unsupported() -> Error {
+    Error::unsupported(
+        "CUDA shared memory is not supported: Wisp runs models on the CPU (use system shared memory)",
+    )
+}
+
 #[cfg(unix)]
 mod mapping {
     use std::ffi::CString;
