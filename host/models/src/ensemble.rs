@@ -16,7 +16,7 @@ use std::sync::{mpsc, Arc};
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
 use wisp_core::config::{ModelIo, ModelSpec, Signature};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
-use wisp_scheduler::ensemble::{Plan, Progress, Run, Step};
+use wisp_scheduler::ensemble::{Plan, Progress, Run, Shapes, Step};
 
 use super::caller::RegistryCaller;
 
@@ -62,8 +62,9 @@ fn dims_compatible(a: &[i64], b: &[i64]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| x < 0 || y < 0 || x == y)
 }
 
-/// Checks every mapping against the composing models' signatures; returns every problem.
-fn check_types(sig: &Signature, steps: &[Step], caller: &RegistryCaller) -> Result<()> {
+/// Checks every mapping against the composing models' signatures; returns every problem, or
+/// the shapes the batch conversion between steps needs (see [`wisp_scheduler::ensemble::reshape`]).
+fn check_types(sig: &Signature, steps: &[Step], caller: &RegistryCaller) -> Result<Vec<Shapes>> {
     let mut errs = Vec::new();
     let mut known: HashMap<String, Spec> = sig
         .inputs
@@ -187,7 +188,18 @@ fn check_types(sig: &Signature, steps: &[Step], caller: &RegistryCaller) -> Resu
         }
     }
     if errs.is_empty() {
-        Ok(())
+        Ok(signatures
+            .iter()
+            .flatten()
+            .map(|c| Shapes {
+                batching: c.batches(),
+                dims: c
+                    .inputs
+                    .iter()
+                    .map(|i| (i.name.clone(), i.dims.clone()))
+                    .collect(),
+            })
+            .collect())
     } else {
         Err(Error::invalid(format!(
             "ensemble '{}': {}",
@@ -211,7 +223,18 @@ impl Backend for EnsembleBackend {
         let inputs: Vec<String> = config.input.iter().map(|i| i.name.clone()).collect();
         let outputs: Vec<String> = config.output.iter().map(|o| o.name.clone()).collect();
         let plan = Plan::new(&config.name, &inputs, &outputs, steps)?;
-        check_types(&spec.signature, plan.steps(), &self.caller)?;
+        let step_shapes = check_types(&spec.signature, plan.steps(), &self.caller)?;
+        let sig = &spec.signature;
+        let ensemble_shapes = Shapes {
+            batching: sig.batches(),
+            dims: sig
+                .outputs
+                .iter()
+                // Triton shapes an ensemble output by its `reshape` when it has one
+                .map(|o| (o.name.clone(), o.reshape.clone().unwrap_or(o.dims.clone())))
+                .collect(),
+        };
+        let plan = plan.with_shapes(ensemble_shapes, step_shapes)?;
         let labels = producer_labels(plan.steps(), &outputs, &self.caller);
         Ok(Box::new(EnsembleModel {
             name: config.name.as_str().into(),

@@ -7,6 +7,12 @@
 //! model scheduler, so steps batch with other traffic), and each completion may release more
 //! steps. Independent steps are therefore in flight at the same time; tensors move between
 //! steps by reference (their data is shared `Bytes`, never copied).
+//!
+//! Batching and non-batching models meet as in Triton: every tensor remembers the batch size
+//! of the request that made it (0 when that model or ensemble does not batch), and a tensor
+//! crossing to the other kind gains or loses a leading batch dimension of 1 when its dims say
+//! it needs one ([`reshape`]). So a non-batching ensemble's `[16]` reaches a batching step
+//! declaring `[-1]` as `[1, 16]`, and its `[1, 16]` answer leaves the ensemble as `[16]`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +31,45 @@ pub struct Plan {
     consumers: HashMap<String, Vec<usize>>,
     /// The step producing each step output.
     producers: HashMap<String, usize>,
+    /// The declared dims the batch rule needs, once [`Plan::with_shapes`] set them.
+    shapes: Option<PlanShapes>,
+}
+
+/// What a model declares about the tensors it takes or gives: whether it batches, and each
+/// tensor's dims without the batch dimension (`-1` for any size).
+#[derive(Debug, Clone, Default)]
+pub struct Shapes {
+    /// `max_batch_size > 0`.
+    pub batching: bool,
+    /// Dims per tensor name (a step model's inputs, or the ensemble's outputs).
+    pub dims: HashMap<String, Vec<i64>>,
+}
+
+#[derive(Debug)]
+struct PlanShapes {
+    /// The ensemble itself: its batching and its outputs' dims.
+    ensemble: Shapes,
+    /// Each step's model: its batching and its inputs' dims.
+    steps: Vec<Shapes>,
+}
+
+/// Triton's batch conversion between batching and non-batching models (its
+/// `ReshapeTensorDims`). `dims` is the tensor's full shape and `batch` the batch size of the
+/// request that produced it (0 when that model did not batch); `to` is what the receiving side
+/// declares for it. A tensor from a non-batching context whose shape already matches a batching
+/// receiver's dims gains a batch of 1; a batch-1 tensor from a batching context whose shape does
+/// not match a non-batching receiver's dims loses it. Everything else passes unchanged (and is
+/// checked against the receiver's config when it is validated there).
+pub fn reshape(to_dims: &[i64], to_batching: bool, batch: usize, dims: &[i64]) -> Vec<i64> {
+    let fits =
+        to_dims.len() == dims.len() && to_dims.iter().zip(dims).all(|(&c, &d)| c < 0 || c == d);
+    if to_batching && batch == 0 && fits {
+        return std::iter::once(1).chain(dims.iter().copied()).collect();
+    }
+    if !to_batching && batch == 1 && !fits && !dims.is_empty() {
+        return dims[1..].to_vec();
+    }
+    dims.to_vec()
 }
 
 impl Plan {
@@ -54,7 +99,23 @@ impl Plan {
             outputs: outputs.to_vec(),
             consumers,
             producers,
+            shapes: None,
         })
+    }
+
+    /// Declares the ensemble's and every step model's shapes (`steps` in step order), which
+    /// turns on the batch conversion between batching and non-batching models.
+    pub fn with_shapes(mut self, ensemble: Shapes, steps: Vec<Shapes>) -> Result<Plan> {
+        if steps.len() != self.steps.len() {
+            return Err(Error::internal(format!(
+                "ensemble '{}': {} step shapes for {} steps",
+                self.name,
+                steps.len(),
+                self.steps.len()
+            )));
+        }
+        self.shapes = Some(PlanShapes { ensemble, steps });
+        Ok(self)
     }
 
     /// Which steps the ensemble outputs `wanted` depend on (all of them when `wanted` is
@@ -104,6 +165,10 @@ pub enum Progress {
 pub struct Run {
     plan: Arc<Plan>,
     tensors: HashMap<String, Tensor>,
+    /// The batch size of the request that made each tensor (0: it did not batch).
+    batch: HashMap<String, usize>,
+    /// The batch size of each step's request once it was sent (0: its model does not batch).
+    step_batch: Vec<usize>,
     /// Inputs still missing per step.
     missing: Vec<usize>,
     outstanding: usize,
@@ -120,8 +185,15 @@ impl Run {
     pub fn start(plan: Arc<Plan>, request: InferRequest) -> (Run, Progress) {
         let missing = plan.steps.iter().map(|s| s.inputs.len()).collect();
         let mut tensors = HashMap::new();
+        let mut batch = HashMap::new();
         let mut template = request;
+        let batching = plan.shapes.as_ref().is_some_and(|s| s.ensemble.batching);
         for t in std::mem::take(&mut template.inputs) {
+            let b = match t.shape.first() {
+                Some(&n) if batching => usize::try_from(n).unwrap_or(0),
+                _ => 0,
+            };
+            batch.insert(t.name.clone(), b);
             tensors.insert(t.name.clone(), t);
         }
         let wanted = std::mem::take(&mut template.requested_outputs);
@@ -136,9 +208,12 @@ impl Run {
             .filter(|o| wanted.is_empty() || wanted.contains(o))
             .cloned()
             .collect();
+        let step_batch = vec![0; plan.steps.len()];
         let mut run = Run {
             plan,
             tensors,
+            batch,
+            step_batch,
             missing,
             outstanding: 0,
             done: false,
@@ -182,6 +257,7 @@ impl Run {
             };
             let mut t = t.clone();
             t.name = tensor.clone();
+            self.batch.insert(tensor.clone(), self.step_batch[step]);
             self.tensors.insert(tensor.clone(), t);
             produced.push(tensor.clone());
         }
@@ -192,15 +268,15 @@ impl Run {
     /// Counts `names` as available and returns the steps that became ready.
     fn release(&mut self, names: &[String]) -> Vec<StepCall> {
         let mut calls = Vec::new();
+        let plan = self.plan.clone();
         for name in names {
-            for &n in self.plan.consumers.get(name).into_iter().flatten() {
-                let reads = self.plan.steps[n]
-                    .inputs
-                    .iter()
-                    .filter(|(_, t)| t == name)
-                    .count();
-                self.missing[n] -= reads;
-                if self.missing[n] == 0 && self.needed[n] {
+            // one entry per input reading `name`: a step reading it twice is listed twice
+            for &n in plan.consumers.get(name).into_iter().flatten() {
+                let Some(left) = self.missing[n].checked_sub(1) else {
+                    continue;
+                };
+                self.missing[n] = left;
+                if left == 0 && self.needed[n] {
                     calls.push(self.call(n));
                 }
             }
@@ -208,8 +284,13 @@ impl Run {
         calls
     }
 
-    fn call(&self, n: usize) -> StepCall {
+    fn batch_of(&self, tensor: &str) -> usize {
+        self.batch.get(tensor).copied().unwrap_or(0)
+    }
+
+    fn call(&mut self, n: usize) -> StepCall {
         let s = &self.plan.steps[n];
+        let shapes = self.plan.shapes.as_ref().map(|p| &p.steps[n]);
         let mut request = self.template.clone();
         request.inputs = s
             .inputs
@@ -217,9 +298,22 @@ impl Run {
             .map(|(input, tensor)| {
                 let mut t = self.tensors[tensor].clone();
                 t.name = input.clone();
+                if let Some(dims) = shapes.and_then(|sh| sh.dims.get(input)) {
+                    let batching = shapes.is_some_and(|sh| sh.batching);
+                    t.shape = reshape(dims, batching, self.batch_of(tensor), &t.shape);
+                }
                 t
             })
             .collect();
+        // As Triton counts it: a batching model's request has the batch of its first input.
+        self.step_batch[n] = match (shapes, request.inputs.first()) {
+            (Some(sh), Some(t)) if sh.batching => t
+                .shape
+                .first()
+                .and_then(|&b| usize::try_from(b).ok())
+                .unwrap_or(0),
+            _ => 0,
+        };
         request.requested_outputs = s.outputs.iter().map(|(o, _)| o.clone()).collect();
         StepCall { step: n, request }
     }
@@ -233,7 +327,15 @@ impl Run {
         let mut outputs = Vec::with_capacity(self.answer.len());
         for o in &self.answer {
             match self.tensors.get(o) {
-                Some(t) => outputs.push(t.clone()),
+                Some(t) => {
+                    let mut t = t.clone();
+                    if let Some(sh) = self.plan.shapes.as_ref().map(|p| &p.ensemble) {
+                        if let Some(dims) = sh.dims.get(o) {
+                            t.shape = reshape(dims, sh.batching, self.batch_of(o), &t.shape);
+                        }
+                    }
+                    outputs.push(t)
+                }
                 None => {
                     return Progress::Done(Err(Error::internal(format!(
                         "ensemble '{}': output '{o}' was never produced (a step it depends on did not run)",
@@ -489,6 +591,121 @@ mod tests {
                 .contains("cycle: step 0 ('a') → step 1 ('b') → step 0 ('a')"),
             "{}",
             e.message()
+        );
+    }
+
+    #[test]
+    fn a_step_reading_one_tensor_twice_runs_once() {
+        // Triton's "fan" ensembles feed a nop the same tensor as both of its inputs
+        let plan = Plan::new(
+            "fan",
+            &names(&["IN"]),
+            &names(&["OUT"]),
+            vec![
+                step("a", &[("x", "IN")], &[("y", "mid")]),
+                step("nop", &[("x0", "mid"), ("x1", "mid")], &[("y", "OUT")]),
+            ],
+        )
+        .unwrap();
+        let (r, _, ran) = drive_wanting(plan, 1.0, &[], &[]);
+        // a: 1 + 1 = 2; nop: 2 + 2 + 2 = 6
+        assert_eq!(value(&r.unwrap().outputs[0]), 6.0);
+        assert_eq!(ran, vec![0, 1]);
+    }
+
+    #[test]
+    fn reshape_follows_tritons_batch_conversion() {
+        // (receiver dims, receiver batches, producer batch, shape) -> shape
+        type Case = (&'static [i64], bool, usize, &'static [i64], &'static [i64]);
+        let cases: &[Case] = &[
+            // from a non-batching context into a batching model: gains a batch of 1 …
+            (&[-1], true, 0, &[16], &[1, 16]),
+            (&[-1], true, 0, &[0], &[1, 0]),
+            // … unless it is already shaped as a batch
+            (&[16], true, 0, &[3, 16], &[3, 16]),
+            // from a batch of 1 into a non-batching model: loses it …
+            (&[16], false, 1, &[1, 16], &[16]),
+            (&[-1], false, 1, &[1, 0], &[0]),
+            // … unless it fits as one tensor, or the batch is larger
+            (&[-1, 16], false, 1, &[1, 16], &[1, 16]),
+            (&[16], false, 3, &[3, 16], &[3, 16]),
+            // same kind on both sides: unchanged
+            (&[16], true, 4, &[4, 16], &[4, 16]),
+            (&[-1, 16], false, 0, &[2, 16], &[2, 16]),
+        ];
+        for &(to, batching, batch, dims, want) in cases {
+            assert_eq!(
+                reshape(to, batching, batch, dims),
+                want,
+                "{to:?} {batching} {batch} {dims:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_non_batching_ensemble_passes_through_batching_and_non_batching_steps() {
+        // Triton's QA "sequence" ensemble: nop (batching, [-1]) then a non-batching model
+        // ([16]); the ensemble (non-batching, [16]) also answers with the nop's own output.
+        let shapes = |batching: bool, pairs: &[(&str, &[i64])]| Shapes {
+            batching,
+            dims: pairs
+                .iter()
+                .map(|(n, d)| (n.to_string(), d.to_vec()))
+                .collect(),
+        };
+        let plan = Plan::new(
+            "seq",
+            &names(&["IN"]),
+            &names(&["OUT", "SAME"]),
+            vec![
+                step("nop", &[("INPUT0", "IN")], &[("OUTPUT0", "SAME")]),
+                step("nobatch", &[("x", "SAME")], &[("y", "OUT")]),
+            ],
+        )
+        .unwrap()
+        .with_shapes(
+            shapes(false, &[("OUT", &[16]), ("SAME", &[16])]),
+            vec![
+                shapes(true, &[("INPUT0", &[-1])]),
+                shapes(false, &[("x", &[16])]),
+            ],
+        )
+        .unwrap();
+        let plan = Arc::new(plan);
+        let t = |name: &str, shape: Vec<i64>| {
+            Tensor::new(name, DataType::Fp32, shape, Bytes::from(vec![0u8; 64])).unwrap()
+        };
+        let req = InferRequest {
+            inputs: vec![t("IN", vec![16])],
+            ..Default::default()
+        };
+        let (mut run, progress) = Run::start(plan.clone(), req);
+        let Progress::Continue(calls) = progress else {
+            panic!("the nop step runs first")
+        };
+        assert_eq!(calls[0].request.inputs[0].shape, vec![1, 16]);
+        let progress = run.complete(0, Ok(InferResponse::new(vec![t("OUTPUT0", vec![1, 16])])));
+        let Progress::Continue(calls) = progress else {
+            panic!("the non-batching step runs next")
+        };
+        assert_eq!(calls[0].request.inputs[0].shape, vec![16]);
+        let progress = run.complete(1, Ok(InferResponse::new(vec![t("y", vec![16])])));
+        let Progress::Done(Ok(r)) = progress else {
+            panic!("the run finishes")
+        };
+        let shape = |n: &str| {
+            r.outputs
+                .iter()
+                .find(|o| o.name == n)
+                .unwrap()
+                .shape
+                .clone()
+        };
+        assert_eq!(shape("OUT"), vec![16]);
+        assert_eq!(
+            shape("SAME"),
+            vec![16],
+            "the nop's batch of 1 leaves the ensemble"
         );
     }
 }
