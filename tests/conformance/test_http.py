@@ -93,6 +93,27 @@ def test_bytes_with_nul_are_served_or_refused_with_a_reason(client, server):
     assert client.is_server_live()
 
 
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_bytes_that_are_not_utf8_pass_onnx_runtime_unchanged(client, server, proto):
+    # Triton hands ONNX string tensors any bytes (a std::string holds them); tract's strings
+    # must be UTF-8, so there it is a 400 naming the element, never a silently changed string.
+    import tritonclient.grpc as grpcclient
+    mod = httpclient if proto == "http" else grpcclient
+    c = client if proto == "http" else grpcclient.InferenceServerClient(url=server["grpc_url"])
+    arr = np.array([[b"ok", b"\xff\xfe\x80 latin-1: \xe9"]], dtype=np.object_)
+    i = mod.InferInput("text", [1, 2], "BYTES")
+    i.set_data_from_numpy(arr)
+    if server["engine"] == "onnxruntime":
+        res = c.infer("strings", [i])
+        np.testing.assert_array_equal(res.as_numpy("same"), arr)
+    else:
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("strings", [i])
+        assert e.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+        assert "BYTES element 1 is not UTF-8" in e.value.message()
+    assert client.is_server_live()
+
+
 def test_classification(client):
     x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
     i = httpclient.InferInput("x", [2, 8], "FP32")

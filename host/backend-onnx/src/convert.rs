@@ -64,7 +64,8 @@ pub(crate) fn to_le<T: Le>(v: &[T]) -> Vec<u8> {
     out
 }
 
-/// BYTES tensor data → strings (engines hold string tensors as UTF-8 `String`s).
+/// BYTES tensor data → strings, for tract, which holds string tensors as UTF-8 `String`s
+/// (ONNX Runtime takes any bytes: see `ort_strings`).
 pub(crate) fn to_strings(data: &[u8], name: &str) -> Result<Vec<String>> {
     decode_bytes_elements(data)?
         .into_iter()
@@ -72,22 +73,11 @@ pub(crate) fn to_strings(data: &[u8], name: &str) -> Result<Vec<String>> {
         .map(|(i, b)| {
             String::from_utf8(b.to_vec()).map_err(|_| {
                 wisp_core::Error::invalid(format!(
-                    "input '{name}': BYTES element {i} is not UTF-8, which ONNX string tensors require"
+                    "input '{name}': BYTES element {i} is not UTF-8, which tract's string tensors require (ONNX Runtime takes any bytes)"
                 ))
             })
         })
         .collect()
-}
-
-/// Checks that no string has a NUL byte: ONNX Runtime hands strings to C, where one would
-/// end the string early.
-pub(crate) fn check_no_nul(strings: &[String], name: &str) -> Result<()> {
-    match strings.iter().position(|s| s.as_bytes().contains(&0)) {
-        Some(i) => Err(wisp_core::Error::invalid(format!(
-            "input '{name}': BYTES element {i} contains a NUL byte, which ONNX Runtime string tensors cannot hold"
-        ))),
-        None => Ok(()),
-    }
 }
 
 /// Strings → BYTES tensor data.
@@ -100,15 +90,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn strings_with_nul_or_bad_utf8_are_invalid_arguments() {
+    fn strings_that_are_not_utf8_are_invalid_arguments() {
         let ok = encode_bytes_elements([&b"a"[..], b"b c"]);
         assert_eq!(to_strings(&ok, "x").unwrap(), vec!["a", "b c"]);
-        let nul = encode_bytes_elements([&b"a"[..], b"b\0c"]);
-        let e = check_no_nul(&to_strings(&nul, "x").unwrap(), "x").unwrap_err();
-        assert_eq!(e.kind(), wisp_core::ErrorKind::InvalidArg);
-        assert!(e.message().contains("element 1 contains a NUL byte"), "{e}");
         let bad = encode_bytes_elements([&[0xffu8, 0xfe][..]]);
         let e = to_strings(&bad, "x").unwrap_err();
+        assert_eq!(e.kind(), wisp_core::ErrorKind::InvalidArg);
         assert!(e.message().contains("element 0 is not UTF-8"), "{e}");
     }
 

@@ -17,6 +17,8 @@ mod discover;
 mod known_wrong;
 #[cfg_attr(not(feature = "onnxruntime"), path = "ort_disabled.rs")]
 mod ort_engine;
+#[cfg(feature = "onnxruntime")]
+mod ort_strings;
 mod tract_engine;
 
 use std::path::{Path, PathBuf};

@@ -9,8 +9,10 @@ use ort::session::Session;
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
 use wisp_core::{DataType, Error, Result, Tensor};
 
-use crate::convert::{check_no_nul, from_le, from_strings, to_le, to_strings};
+use crate::convert::{from_le, to_le};
+use crate::ort_strings::{self, raw_strings};
 use crate::Runner;
+use wisp_core::tensor::encode_bytes_elements;
 
 /// The process-wide ONNX Runtime environment (ONNX Runtime allows exactly one).
 static ENV: OnceLock<std::result::Result<(PathBuf, Environment), String>> = OnceLock::new();
@@ -129,8 +131,7 @@ fn to_value(t: &Tensor) -> Result<DynValue> {
         DataType::Fp64 => make!(f64),
         DataType::Bf16 => make!(half::bf16),
         DataType::Bytes => {
-            let strings = to_strings(&t.data, &t.name)?;
-            check_no_nul(&strings, &t.name)?;
+            let strings = raw_strings(&t.data, &t.name)?;
             OrtTensor::from_string_array((shape, strings.as_slice()))
                 .map(|v| v.into_dyn())
                 .map_err(ort_err)
@@ -168,8 +169,12 @@ fn from_value(name: &str, v: &DynValue) -> Result<Tensor> {
         TensorElementType::Float64 => take!(f64, DataType::Fp64),
         TensorElementType::Bfloat16 => take!(half::bf16, DataType::Bf16),
         TensorElementType::String => {
-            let (shape, strings) = v.try_extract_strings().map_err(ort_err)?;
-            (DataType::Bytes, shape.to_vec(), from_strings(&strings))
+            let shape = v.shape().to_vec();
+            let count = usize::try_from(shape.iter().product::<i64>()).map_err(|_| {
+                Error::internal(format!("output '{name}' has a negative dimension"))
+            })?;
+            let elements = ort_strings::extract(v, count)?;
+            (DataType::Bytes, shape, encode_bytes_elements(&elements))
         }
         other => {
             return Err(Error::unsupported(format!(

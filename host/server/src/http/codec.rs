@@ -312,6 +312,15 @@ fn decode_raw(body: Bytes, sig: &Signature) -> Result<Decoded> {
     })
 }
 
+/// Whether every element of `t` can be a JSON value unchanged: all but BYTES can; BYTES
+/// when each element is UTF-8.
+fn json_safe(t: &Tensor) -> bool {
+    t.datatype != DataType::Bytes
+        || decode_bytes_elements(&t.data)
+            .map(|els| els.iter().all(|e| std::str::from_utf8(e).is_ok()))
+            .unwrap_or(false)
+}
+
 /// Tensor bytes → flat JSON array.
 pub fn tensor_to_json(t: &Tensor) -> Value {
     let d = &t.data;
@@ -385,7 +394,11 @@ pub fn encode_parts(
     outputs: &[(OutputSpec, Tensor)],
     binary_default: bool,
 ) -> Encoded {
-    let binary_of = |spec: &OutputSpec| spec.binary.unwrap_or(binary_default);
+    // A BYTES output that is not UTF-8 cannot be a JSON string without changing it, so it goes
+    // as binary data (Triton's binary extension) even when JSON was asked for.
+    let binary_of = |spec: &OutputSpec, t: &Tensor| {
+        spec.binary.unwrap_or(binary_default) || (spec.shm.is_none() && !json_safe(t))
+    };
     let mut json_outputs = Vec::with_capacity(outputs.len());
     let mut binary = BytesMut::new();
     for (spec, t) in outputs {
@@ -405,7 +418,7 @@ pub fn encode_parts(
                 p.insert("shared_memory_offset".into(), Value::from(at.offset));
             }
             o.insert("parameters".into(), Value::Object(p));
-        } else if binary_of(spec) {
+        } else if binary_of(spec, t) {
             let mut p = Map::new();
             p.insert("binary_data_size".into(), Value::from(t.data.len()));
             o.insert("parameters".into(), Value::Object(p));
@@ -425,7 +438,7 @@ pub fn encode_parts(
     let json = serde_json::to_vec(&Value::Object(root)).expect("JSON values serialize");
     if !outputs
         .iter()
-        .any(|(spec, _)| spec.shm.is_none() && binary_of(spec))
+        .any(|(spec, t)| spec.shm.is_none() && binary_of(spec, t))
     {
         return Encoded {
             body: json.into(),

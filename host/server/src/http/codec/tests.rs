@@ -184,3 +184,30 @@ fn lying_shapes_are_rejected_without_allocating() {
         );
     }
 }
+
+#[test]
+fn bytes_that_are_not_utf8_go_as_binary_even_when_json_was_asked_for() {
+    let spec = OutputSpec {
+        name: "s".into(),
+        binary: Some(false),
+        classification: None,
+        shm: None,
+    };
+    let text = wisp_core::tensor::encode_bytes_elements([&b"ok"[..], "é".as_bytes()]);
+    let t = Tensor::new("s", DataType::Bytes, vec![2], text.into()).unwrap();
+    let enc = encode_parts("m", 1, "", &[(spec.clone(), t)], false);
+    assert_eq!(enc.header_len, None, "UTF-8 stays JSON");
+    let head: Value = serde_json::from_slice(&enc.body).unwrap();
+    assert_eq!(head["outputs"][0]["data"][1], "é");
+
+    let raw = wisp_core::tensor::encode_bytes_elements([&b"ok"[..], &[0xffu8, 0x80][..]]);
+    let t = Tensor::new("s", DataType::Bytes, vec![2], raw.clone().into()).unwrap();
+    let enc = encode_parts("m", 1, "", &[(spec, t)], false);
+    let n = enc.header_len.expect("sent as binary");
+    let head: Value = serde_json::from_slice(&enc.body[..n]).unwrap();
+    assert_eq!(
+        head["outputs"][0]["parameters"]["binary_data_size"],
+        raw.len()
+    );
+    assert_eq!(&enc.body[n..], &raw[..], "the bytes, unchanged");
+}
