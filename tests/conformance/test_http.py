@@ -197,3 +197,36 @@ def test_an_output_requested_twice_is_rejected(client):
         client.infer("add_sub", [a, b], outputs=outputs)
     assert e.value.status() == "400"
     assert "output 'OUTPUT0' already exists in request" in e.value.message()
+
+
+def post(server, path, body, headers=None):
+    import json
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(f"http://{server['url']}{path}", data=body, headers=headers or {},
+                                 method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_tritons_words_for_raw_inputs_versions_and_element_counts(client, server):
+    # a raw binary body for a model with two inputs
+    status, body = post(server, "/v2/models/add_sub/infer", np.ones(16, np.float32).tobytes(),
+                        {"Inference-Header-Content-Length": "0"})
+    assert status == 400
+    assert ("Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in "
+            "'add_sub' model configuration") in body["error"]
+    # a version the model does not serve
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_metadata("add_sub", model_version="9")
+    assert "requested model version is not available for model" in e.value.message()
+    # a shape whose element count overflows int64
+    import json
+    req = {"inputs": [{"name": n, "shape": [4611686018427387904, 16], "datatype": "FP32",
+                       "data": [0.0]} for n in ("INPUT0", "INPUT1")]}
+    status, body = post(server, "/v2/models/add_sub/infer", json.dumps(req).encode())
+    assert status == 400
+    assert "causes total element count to exceed maximum size of" in body["error"], body

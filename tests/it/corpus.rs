@@ -346,7 +346,7 @@ fn http_cases() -> Vec<Case> {
         headers: vec![("inference-header-content-length", "0".into())],
         body: f32_bytes(&[1.0; 16]),
         status: 400,
-        needle: "exactly one input".into(),
+        needle: "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in 'add_sub' model configuration".into(),
     });
     // lying BYTES lengths, on the strings model
     for (what, payload, needle) in [

@@ -170,9 +170,16 @@ pub fn element_count(shape: &[i64]) -> Result<usize> {
                 "shape {shape:?} has a negative dimension"
             )));
         }
+        // Triton counts elements in an int64_t; so does this, whatever usize is
         n = n
             .checked_mul(d as usize)
-            .ok_or_else(|| Error::invalid(format!("shape {shape:?} is too large")))?;
+            .filter(|&n| i64::try_from(n).is_ok())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "shape {shape:?} causes total element count to exceed maximum size of {}",
+                    i64::MAX
+                ))
+            })?;
     }
     Ok(n)
 }
@@ -337,7 +344,12 @@ mod tests {
         let e = Tensor::new("x", DataType::Fp32, vec![-1, 2], vec![].into()).unwrap_err();
         assert!(e.message().contains("negative"), "{e}");
         let e = Tensor::new("x", DataType::Int8, vec![i64::MAX, 4], vec![].into()).unwrap_err();
-        assert!(e.message().contains("too large"), "{e}");
+        assert!(
+            e.message().contains(
+                "causes total element count to exceed maximum size of 9223372036854775807"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -279,7 +279,8 @@ impl Registry {
                         "version {n} of model '{name}' is not ready: {r}"
                     ))),
                     None => Err(Error::not_found(format!(
-                        "Request for unknown model: '{name}' version {n} is not found (served: {})",
+                        "Request for unknown model: '{name}' version {n} is not found: requested model \
+                         version is not available for model '{name}' (served: {})",
                         versions_list(&entry)
                     ))),
                 }

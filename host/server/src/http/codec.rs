@@ -265,9 +265,9 @@ fn decode_output(i: usize, v: &Value) -> Result<OutputSpec> {
 fn decode_raw(body: Bytes, sig: &Signature) -> Result<Decoded> {
     let [input] = sig.inputs.as_slice() else {
         return Err(Error::invalid(format!(
-            "a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; '{}' has {}",
-            sig.model,
-            sig.inputs.len()
+            "Raw request must only have 1 input (found 1) to be deduced but got {} inputs in '{}' model configuration (a raw binary request, Inference-Header-Content-Length: 0, carries one input)",
+            sig.inputs.len(),
+            sig.model
         )));
     };
     let dt = input.datatype;
@@ -289,7 +289,7 @@ fn decode_raw(body: Bytes, sig: &Signature) -> Result<Decoded> {
             let elems = body.len() / size;
             if variable > 1 {
                 return Err(Error::invalid(format!(
-                    "input '{}': a raw binary request allows at most one variable dimension, dims are {:?}",
+                    "The shape of the raw input '{}' can not be deduced because there are more than one variable-sized dimension (dims {:?})",
                     input.name, input.dims
                 )));
             }
