@@ -25,6 +25,7 @@ pub mod fingerprint;
 pub mod host_policy;
 mod lifecycle;
 pub mod load;
+pub mod rate_limit;
 mod resize;
 pub mod rollout;
 pub mod signing;

@@ -36,6 +36,9 @@ pub struct LoadOptions {
     pub verification: Option<crate::signing::Verification>,
     /// `--state-dir`: where rolled-back versions are remembered across restarts.
     pub state_dir: Option<std::path::PathBuf>,
+    /// `--rate-limit execution_count`: the server's resource pool that instances with an
+    /// `instance_group.rate_limiter` wait on.
+    pub rate_limiter: Option<Arc<wisp_scheduler::rate_limit::RateLimiter>>,
 }
 
 /// Loads one model, leaving out the versions in `withheld`; failures are recorded in the
@@ -387,12 +390,25 @@ fn load_version(
         Some(p) => Some(p.observer(observer)),
         None => observer,
     };
+    let limits = match &opts.rate_limiter {
+        Some(limiter) => {
+            let needs = crate::rate_limit::instance_needs(cfg)?;
+            for n in &needs {
+                limiter.register(&dir.name, n)?;
+            }
+            Some((limiter.clone(), needs))
+        }
+        None => None,
+    };
     let scheduler = Arc::new(Scheduler::start(
         &dir.name,
         Policy::from_config(cfg, sequencing.as_ref()),
         instances,
         observer,
     )?);
+    if let Some((limiter, needs)) = limits {
+        scheduler.set_rate_limits(limiter, needs);
+    }
     let sequencer = sequencing.map(|seq| {
         Sequencer::new(
             &dir.name,

@@ -236,6 +236,11 @@ pub(crate) fn run_batch(
     instance: &mut dyn Instance,
     batch: Vec<Job>,
 ) {
+    // Under the rate limiter, wait for this instance's resources (held until it is done).
+    let _permit = shared.limits.get().and_then(|l| {
+        let needs = l.needs.get(slot.index).or(l.needs.last())?;
+        (!needs.resources.is_empty()).then(|| l.limiter.acquire(slot.id, needs))
+    });
     slot.busy.store(
         shared.epoch.elapsed().as_nanos() as u64 + 1,
         Ordering::Relaxed,

@@ -23,6 +23,7 @@ mod dispatch;
 pub mod ensemble;
 mod policy;
 mod queue;
+pub mod rate_limit;
 pub mod sequence;
 mod stats;
 mod timeouts;
@@ -85,6 +86,8 @@ struct Shared {
     /// For jobs pinned to instances (sequences): how many requests each instance can be sent
     /// at most at once. A batch that holds that many goes at once: no other can arrive.
     demand: std::sync::OnceLock<Arc<Vec<AtomicUsize>>>,
+    /// Under `--rate-limit execution_count`: the resources each instance waits for.
+    limits: std::sync::OnceLock<Limits>,
     /// The reference point of `busy` marks.
     epoch: Instant,
     /// A moving average of recent batch execution times, in nanoseconds (0 before the first):
@@ -118,6 +121,20 @@ struct Slot {
     busy: AtomicU64,
     /// [`Instance::runs_on_caller`], read once.
     on_caller: bool,
+    /// Its place in start order (which instance group it belongs to).
+    index: usize,
+    /// Unique in the process: the rate limiter counts each instance's turns by it.
+    id: usize,
+}
+
+/// Gives every instance ever started its own [`Slot::id`].
+static NEXT_SLOT_ID: AtomicUsize = AtomicUsize::new(0);
+
+/// A model's share of the server's rate limiter: what each of its instances needs.
+struct Limits {
+    limiter: Arc<rate_limit::RateLimiter>,
+    /// Per instance in start order; instances added later (a resize) take the last one's.
+    needs: Vec<rate_limit::Needs>,
 }
 
 impl Slot {
@@ -176,6 +193,7 @@ impl Scheduler {
             ordered: Mutex::new(Ordered::default()),
             observer,
             demand: std::sync::OnceLock::new(),
+            limits: std::sync::OnceLock::new(),
             epoch: Instant::now(),
             recent_exec_ns: AtomicU64::new(0),
         });
@@ -208,6 +226,8 @@ impl Scheduler {
                 on_caller: instance.runs_on_caller(),
                 instance: Mutex::new(Some(instance)),
                 busy: AtomicU64::new(0),
+                index: n,
+                id: NEXT_SLOT_ID.fetch_add(1, Ordering::Relaxed),
             });
             {
                 let mut slots = self.slots.lock().expect("slots lock");
@@ -234,6 +254,20 @@ impl Scheduler {
         self.instances.fetch_sub(n, Ordering::SeqCst);
         self.shared.state.lock().expect("scheduler lock").retiring += n;
         self.shared.ready.notify_all();
+    }
+
+    /// Puts this model's instances under the server's rate limiter: instance `n` (in start
+    /// order) executes only while `needs[n]` is free (later instances use the last entry).
+    /// Set once, right after [`Scheduler::start`] and before any request is queued; the
+    /// caller fast path is off for a limited model.
+    pub fn set_rate_limits(
+        &self,
+        limiter: Arc<rate_limit::RateLimiter>,
+        needs: Vec<rate_limit::Needs>,
+    ) {
+        if needs.iter().any(|n| !n.resources.is_empty()) {
+            let _ = self.shared.limits.set(Limits { limiter, needs });
+        }
     }
 
     /// Tells the batcher how many requests can be pending for each instance at most (the
@@ -382,6 +416,7 @@ impl Scheduler {
                 .is_some()
         };
         if p.preserve_ordering
+            || sh.limits.get().is_some()
             || (p.dynamic && !p.max_queue_delay.is_zero())
             || recent == 0
             || recent > ON_CALLER_MAX_NS

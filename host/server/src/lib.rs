@@ -206,6 +206,7 @@ impl Core {
             host_policies: std::mem::take(&mut resolved.host_policies),
             verification,
             state_dir: settings.state_dir.clone(),
+            rate_limiter: resolved.rate_limiter.clone(),
         };
         let (roots, remotes) = mirror_remote_repositories(settings).await?;
         let registry = Arc::new(Registry::new(

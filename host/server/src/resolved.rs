@@ -14,6 +14,7 @@ pub(crate) struct Resolved {
     pub(crate) grpc_tls: Option<tokio_rustls::TlsAcceptor>,
     pub(crate) trace: service::trace::TraceConfig,
     pub(crate) wasm_compiler: WasmCompiler,
+    pub(crate) rate_limiter: Option<Arc<wisp_scheduler::rate_limit::RateLimiter>>,
 }
 
 /// The value, or `None` with its error noted.
@@ -85,6 +86,7 @@ impl Resolved {
             None
         };
         let wasm_compiler = take(&mut errors, wasm_compiler(s.wasm_compiler));
+        let rate_limiter = take(&mut errors, rate_limiter(s)).flatten();
         if !errors.is_empty() {
             anyhow::bail!("invalid settings:\n  - {}", errors.join("\n  - "));
         }
@@ -98,6 +100,7 @@ impl Resolved {
             http_tls,
             grpc_tls,
             trace: trace.unwrap_or_default(),
+            rate_limiter,
             wasm_compiler: wasm_compiler.unwrap_or(WasmCompiler::Native),
         })
     }
@@ -113,5 +116,24 @@ pub(super) fn wasm_compiler(choice: settings::WasmCompilerChoice) -> Result<Wasm
         Choice::Pulley => Err(
             "--wasm-compiler pulley: this build has no Pulley interpreter (the edge build has it only on riscv64)".into(),
         ),
+    }
+}
+
+/// `--rate-limit` and `--rate-limit-resource`: the server's resource pool, when it is on.
+fn rate_limiter(
+    s: &Settings,
+) -> Result<Option<Arc<wisp_scheduler::rate_limit::RateLimiter>>, String> {
+    use wisp_scheduler::rate_limit::{parse_resource_flag, RateLimiter};
+    let mut fixed = std::collections::HashMap::new();
+    for v in &s.rate_limit_resource {
+        let (name, count) = parse_resource_flag(v).map_err(|e| e.message().to_string())?;
+        fixed.insert(name, count);
+    }
+    match s.rate_limit.as_str() {
+        "off" => Ok(None),
+        "execution_count" => Ok(Some(RateLimiter::new(fixed))),
+        other => Err(format!(
+            "--rate-limit '{other}': expected 'off' or 'execution_count'"
+        )),
     }
 }

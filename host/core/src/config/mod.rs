@@ -506,7 +506,13 @@ impl ModelConfig {
             out.extend(output.other.keys().map(|k| format!("output[{i}].{k}")));
         }
         for (i, g) in self.instance_group.iter().enumerate() {
-            out.extend(g.other.keys().map(|k| format!("instance_group[{i}].{k}")));
+            // rate_limiter is acted on under --rate-limit (and ignored without it, as in Triton)
+            out.extend(
+                g.other
+                    .keys()
+                    .filter(|k| *k != "rate_limiter")
+                    .map(|k| format!("instance_group[{i}].{k}")),
+            );
         }
         out
     }

@@ -155,6 +155,7 @@ fn registry_with_state(root: &Path, state_dir: Option<&Path>) -> (Registry, Arc<
         host_policies: Default::default(),
         verification: None,
         state_dir: state_dir.map(Path::to_path_buf),
+        rate_limiter: None,
     };
     (
         Registry::new(vec![root.to_path_buf()], backend.clone(), opts),

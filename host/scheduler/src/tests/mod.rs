@@ -192,6 +192,7 @@ fn dynamic(f: impl FnOnce(&mut DynamicBatching)) -> Option<DynamicBatching> {
 }
 
 mod batching;
+mod rate_limit;
 mod timeouts;
 
 #[test]

@@ -359,6 +359,18 @@ pub struct Settings {
     #[arg(long, value_name = "NAME,cpu-cores=a-b")]
     pub host_policy: Vec<String>,
 
+    /// Triton's rate limiter: `off` (the default, as in Triton) or `execution_count`, under
+    /// which an instance executes only while the resources its `instance_group.rate_limiter`
+    /// names are free.
+    #[arg(long, value_name = "off|execution_count", default_value = "off")]
+    pub rate_limit: String,
+
+    /// A rate-limiter resource's total, `NAME:COUNT` (or Triton's `NAME:COUNT:DEVICE`, the
+    /// device ignored); repeat for several. Unlisted resources total the most any instance
+    /// asks for.
+    #[arg(long, value_name = "NAME:COUNT")]
+    pub rate_limit_resource: Vec<String>,
+
     /// Response cache, Triton's syntax: `local,size=BYTES`.
     #[arg(long, value_name = "local,size=BYTES")]
     pub cache_config: Vec<String>,
