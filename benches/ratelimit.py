@@ -1,15 +1,17 @@
 """add_sub's latency while 16 plugin instances spin, with and without Triton's rate limiter.
 
 One repository: `add_sub` (tract, one instance) and `spin`, the testkit plugin in `loop` mode
-with 16 instances, each request spinning until its 100 ms deadline. Every instance of both
-asks for one unit of resource CORE (`instance_group { rate_limiter { ... } }`). Three phases in
-one run, each on a fresh `wisp serve`:
+with 16 instances, each request spinning until its 100 ms deadline. Each spin instance asks for
+one unit of resource HEAVY (`instance_group { rate_limiter { ... } }`); add_sub asks for
+nothing. Three phases in one run, each on a fresh `wisp serve`:
 
 - idle: add_sub alone;
 - spinning: 16 clients keep all 16 spin instances busy, no rate limiter (Wisp's default, as
   Triton's);
-- spinning, limited: the same under `--rate-limit execution_count --rate-limit-resource CORE:N`
-  (N = the cores here): at most N instances execute at once, add_sub taking its turn.
+- spinning, limited: the same under `--rate-limit execution_count --rate-limit-resource
+  HEAVY:N` (N = the cores here less one): at most N spin instances execute at once, so a core
+  stays free for add_sub. (The limiter cannot preempt: had add_sub to queue for a unit that
+  spinners hold, it would wait for one of them to finish.)
 
 Reports add_sub's p50 / p99 / max over sequential requests for `--seconds`, and the spin
 requests finished (each ends at its deadline, as an error) per second.
@@ -35,7 +37,7 @@ ADD_SUB = json.dumps({"inputs": [
     {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16},
 ]}).encode()
 SPIN = json.dumps({"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}]}).encode()
-LIMITER = 'rate_limiter { resources [ { name: "CORE" count: 1 } ] priority: 1 }'
+LIMITER = 'rate_limiter { resources [ { name: "HEAVY" count: 1 } ] priority: 1 }'
 
 
 def free_port():
@@ -48,7 +50,7 @@ def build_repo(repo, testkit):
     add_sub = os.path.join(repo, "add_sub")
     shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "repo", "add_sub"), add_sub)
     with open(os.path.join(add_sub, "config.pbtxt"), "a") as f:
-        f.write(f"\ninstance_group [ {{ count: 1 kind: KIND_CPU {LIMITER} }} ]\n")
+        f.write("\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n")
     spin = os.path.join(repo, "spin")
     os.makedirs(os.path.join(spin, "1"))
     shutil.copy(testkit, os.path.join(spin, "1", "model.wasm"))
@@ -132,11 +134,12 @@ def main():
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as repo:
         build_repo(repo, a.testkit)
-        limited = ["--rate-limit", "execution_count", "--rate-limit-resource", f"CORE:{a.cores}"]
+        heavy = max(1, a.cores - 1)
+        limited = ["--rate-limit", "execution_count", "--rate-limit-resource", f"HEAVY:{heavy}"]
         rows = [
             ("idle", phase(a.wisp, repo, [], 0, a.seconds)),
             ("16 spinning, no limiter", phase(a.wisp, repo, [], 16, a.seconds)),
-            (f"16 spinning, --rate-limit (CORE:{a.cores})", phase(a.wisp, repo, limited, 16, a.seconds)),
+            (f"16 spinning, --rate-limit (HEAVY:{heavy})", phase(a.wisp, repo, limited, 16, a.seconds)),
         ]
     print(f"add_sub latency (ms) over {a.seconds:.0f} s of sequential requests, {a.cores} cores")
     print(f"{'phase':42} {'n':>6} {'p50':>8} {'p99':>8} {'max':>8} {'spins/s':>8}")
