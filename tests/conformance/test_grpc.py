@@ -150,3 +150,15 @@ def test_an_output_requested_twice_is_rejected(client):
         client.infer("add_sub", add_sub_inputs(z, z), outputs=outputs)
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "output 'OUTPUT0' already exists in request" in e.value.message()
+
+
+def test_a_bytes_count_mismatch_is_worded_as_triton_words_it(server):
+    import struct
+    c = grpcclient.InferenceServerClient(url=server["grpc_url"])
+    x = grpcclient.InferInput("text", [1, 2], "BYTES")
+    x.set_data_from_numpy(np.array([[b"a", b"b"]], dtype=np.object_))
+    x._raw_content = b"".join(struct.pack("<I", 1) + s for s in (b"a", b"b", b"c"))
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("strings", [x])
+    assert ("expected 2 string elements for inference input 'text' for model 'strings', got 3"
+            in e.value.message())

@@ -184,6 +184,21 @@ pub fn element_count(shape: &[i64]) -> Result<usize> {
     Ok(n)
 }
 
+/// Names `model` in [`Tensor::new`]'s BYTES element-count error for `input`, as Triton words it
+/// ("expected N string elements for inference input 'X' for model 'M', got K"); any other
+/// error is returned unchanged. Front ends call it where they know the model.
+pub fn naming_model(e: Error, input: &str, model: &str) -> Error {
+    let needle = format!("for inference input '{input}',");
+    if e.kind() != crate::ErrorKind::InvalidArg || !e.message().contains(&needle) {
+        return e;
+    }
+    Error::invalid(e.message().replacen(
+        &needle,
+        &format!("for inference input '{input}' for model '{model}',"),
+        1,
+    ))
+}
+
 /// Serializes byte strings in Triton's BYTES form.
 pub fn encode_bytes_elements<I, B>(items: I) -> Vec<u8>
 where
@@ -334,6 +349,24 @@ mod tests {
         let s = Tensor::from_strings("s", vec![2], ["hi", ""]).unwrap();
         assert_eq!(s.strings().unwrap(), vec![&b"hi"[..], b""]);
         assert!(t.strings().is_err());
+    }
+
+    #[test]
+    fn the_string_count_error_names_the_model() {
+        let data = encode_bytes_elements(["a", "b", "c"]);
+        let e = Tensor::new("text", DataType::Bytes, vec![1, 2], data.into()).unwrap_err();
+        let e = naming_model(e, "text", "strings");
+        assert!(
+            e.message().starts_with(
+                "expected 2 string elements for inference input 'text' for model 'strings', got 3"
+            ),
+            "{e}"
+        );
+        let other = Error::invalid("something else for inference input 'text', really");
+        assert_eq!(
+            naming_model(other.clone(), "x", "m").message(),
+            other.message()
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! (charged at their decoded size), raw contents, shared-memory references, trace context.
 
 use super::*;
+use wisp_core::tensor::naming_model;
 
 pub(super) fn param_to_json(p: &pb::InferParameter) -> serde_json::Value {
     use pb::infer_parameter::ParameterChoice as C;
@@ -125,7 +126,11 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
                 contents_to_bytes(&t.name, dt, &c)?.into()
             }
         };
-        inputs.push(Tensor::new(t.name, dt, t.shape, data)?);
+        let name = t.name.clone();
+        inputs.push(
+            Tensor::new(t.name, dt, t.shape, data)
+                .map_err(|e| naming_model(e, &name, &req.model_name))?,
+        );
     }
     let mut outputs = Vec::with_capacity(req.outputs.len());
     for o in req.outputs {

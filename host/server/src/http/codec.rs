@@ -10,7 +10,9 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Map, Value};
 use wisp_core::config::Signature;
-use wisp_core::tensor::{decode_bytes_elements, element_count, encode_bytes_elements};
+use wisp_core::tensor::{
+    decode_bytes_elements, element_count, encode_bytes_elements, naming_model,
+};
 use wisp_core::{DataType, Error, InferRequest, Result, Tensor};
 
 use crate::service::shm::shm_ref;
@@ -217,9 +219,10 @@ fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, sig: &Signature) -> 
             .into(),
         (None, None) => return Err(at("has neither 'data' nor 'binary_data_size'".into())),
     };
+    let input = name.to_string();
     Tensor::new(name, datatype, shape, data)
         .map(Input::Tensor)
-        .map_err(|e| Error::invalid(e.message().to_string()))
+        .map_err(|e| Error::invalid(naming_model(e, &input, &sig.model).message().to_string()))
 }
 
 fn decode_output(i: usize, v: &Value) -> Result<OutputSpec> {
@@ -298,7 +301,8 @@ fn decode_raw(body: Bytes, sig: &Signature) -> Result<Decoded> {
             body
         }
     };
-    let tensor = Tensor::new(input.name.clone(), dt, shape, data)?;
+    let tensor = Tensor::new(input.name.clone(), dt, shape, data)
+        .map_err(|e| naming_model(e, &input.name, &sig.model))?;
     let request = InferRequest {
         inputs: vec![tensor],
         ..Default::default()
