@@ -405,6 +405,7 @@ pub fn encode_parts(
     };
     let mut json_outputs = Vec::with_capacity(outputs.len());
     let mut binary = BytesMut::new();
+    let mut any_binary = false;
     for (spec, t) in outputs {
         let mut o = Map::new();
         o.insert("name".into(), Value::from(t.name.clone()));
@@ -427,6 +428,7 @@ pub fn encode_parts(
             p.insert("binary_data_size".into(), Value::from(t.data.len()));
             o.insert("parameters".into(), Value::Object(p));
             binary.put_slice(&t.data);
+            any_binary = true;
         } else {
             o.insert("data".into(), tensor_to_json(t));
         }
@@ -440,10 +442,7 @@ pub fn encode_parts(
     }
     root.insert("outputs".into(), Value::Array(json_outputs));
     let json = serde_json::to_vec(&Value::Object(root)).expect("JSON values serialize");
-    if !outputs
-        .iter()
-        .any(|(spec, t)| spec.shm.is_none() && binary_of(spec, t))
-    {
+    if !any_binary {
         return Encoded {
             body: json.into(),
             header_len: None,
