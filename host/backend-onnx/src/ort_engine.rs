@@ -12,7 +12,7 @@ use wisp_core::{DataType, Error, Result, Tensor};
 use crate::convert::{from_le, to_le};
 use crate::ort_strings::{self, raw_strings};
 use crate::Runner;
-use wisp_core::tensor::encode_bytes_elements;
+use wisp_core::tensor::{element_count, encode_bytes_elements};
 
 /// The process-wide ONNX Runtime environment (ONNX Runtime allows exactly one).
 static ENV: OnceLock<std::result::Result<(PathBuf, Environment), String>> = OnceLock::new();
@@ -170,9 +170,8 @@ fn from_value(name: &str, v: &DynValue) -> Result<Tensor> {
         TensorElementType::Bfloat16 => take!(half::bf16, DataType::Bf16),
         TensorElementType::String => {
             let shape = v.shape().to_vec();
-            let count = usize::try_from(shape.iter().product::<i64>()).map_err(|_| {
-                Error::internal(format!("output '{name}' has a negative dimension"))
-            })?;
+            let count = element_count(&shape)
+                .map_err(|e| Error::internal(format!("output '{name}': {}", e.message())))?;
             let elements = ort_strings::extract(v, count)?;
             (DataType::Bytes, shape, encode_bytes_elements(&elements))
         }
