@@ -30,6 +30,32 @@ pub struct InferRequest {
     /// from, outermost first; empty for a client's request): a plugin may not call a model on
     /// its own path, which would wait on itself.
     pub call_path: Vec<std::sync::Arc<str>>,
+    /// Where a decoupled model's responses go while it executes this request (set by a front
+    /// end that streams them: gRPC `ModelStreamInfer`, HTTP `generate_stream`); `None` for a
+    /// request that takes exactly one response.
+    pub responses: Option<std::sync::Arc<dyn ResponseSink>>,
+}
+
+/// One response of a decoupled model, sent while it executes.
+#[derive(Debug)]
+pub struct StreamedResponse {
+    /// The response (`None`: only the final flag).
+    pub response: Option<Result<InferResponse>>,
+    /// The request's last response.
+    pub last: bool,
+}
+
+/// Where a decoupled model's responses to one request go, in order
+/// (`model_transaction_policy { decoupled: true }`). Implemented by the front end's stream;
+/// called from the thread executing the model.
+pub trait ResponseSink: Send + Sync + std::fmt::Debug {
+    /// Queues `part` for the client, waiting at most until `deadline` for room when the client
+    /// reads slower than the model sends. Fails when the client has gone or did not read in
+    /// time.
+    fn send(&self, part: StreamedResponse, deadline: std::time::Instant) -> Result<()>;
+
+    /// Whether the client has gone (its stream closed): the model may stop producing.
+    fn is_closed(&self) -> bool;
 }
 
 /// The longest chain of plugin and ensemble calls a request may come from.

@@ -29,11 +29,26 @@ pub mod v1 {
     });
 }
 
-/// Bindings of `wisp:plugin@0.2.0`, the current world: `models` and `describe`.
+/// Bindings of `wisp:plugin@0.2.0`, for linking what its components import (its `logging` and
+/// `models`, served by the 0.3.0 implementations through [`crate::compat`]). Its exports are
+/// called with the 0.3.0 types, which are structurally the same.
 pub mod v2 {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "wisp:plugin/model@0.2.0",
+        imports: { default: trappable },
+        ownership: Borrowing { duplicate_if_necessary: true },
+        with: {
+            "wasi:nn": super::v1::wasi::nn,
+        },
+    });
+}
+
+/// Bindings of `wisp:plugin@0.3.0`, the current world: `models`, `responses` and `describe`.
+pub mod v3 {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "wisp:plugin/model@0.3.0",
         imports: { default: trappable },
         // A guest export's parameters borrow: a request's tensors are lowered into the guest
         // straight from the host's buffers, the one copy a call makes.
@@ -44,8 +59,21 @@ pub mod v2 {
     });
 }
 
-pub use v2::wisp::plugin0_2_0::types as wit;
-pub use v2::{Model, ModelPre};
+pub use v3::wisp::plugin0_3_0::types as wit;
+pub use v3::{Model, ModelPre};
+
+/// Where the responses to one request of the batch being executed go (decoupled models).
+#[derive(Debug, Default)]
+pub(crate) struct Stream {
+    /// The client's stream, when a streaming front end made the request.
+    pub sink: Option<Arc<dyn wisp_core::infer::ResponseSink>>,
+    /// The request's batch size (what every output's first dimension must be).
+    pub rows: i64,
+    /// The outputs the request asked for (empty: all).
+    pub requested: Vec<String>,
+    /// Its final response was sent.
+    pub finished: bool,
+}
 
 /// What one plugin instance's store holds.
 pub struct State {
@@ -64,6 +92,13 @@ pub struct State {
     /// The models the batch being executed was called from, then this one: a call to any of
     /// them is refused (it would wait on itself).
     pub(crate) call_path: Vec<Arc<str>>,
+    /// The model's signature, which sent responses are checked against (`None` while
+    /// `describe` runs).
+    pub(crate) signature: Option<Arc<wisp_core::config::Signature>>,
+    /// Whether the model is decoupled (may send responses through `responses`).
+    pub(crate) decoupled: bool,
+    /// One per request of the batch being executed (empty between calls).
+    pub(crate) streams: Vec<Stream>,
 }
 
 impl WasiView for State {
@@ -77,6 +112,8 @@ impl WasiView for State {
 
 impl wit::Host for State {}
 
+impl v2::wisp::plugin0_2_0::types::Host for State {}
+
 impl v1::wisp::plugin0_1_0::types::Host for State {}
 
 impl v1::wisp::plugin0_1_0::logging::Host for State {
@@ -85,23 +122,11 @@ impl v1::wisp::plugin0_1_0::logging::Host for State {
         level: v1::wisp::plugin0_1_0::logging::Level,
         message: String,
     ) -> wasmtime::Result<()> {
-        <Self as v2::wisp::plugin0_2_0::logging::Host>::log(self, level_v2(level), message)
+        <Self as Logging>::log(self, level_v1(level), message)
     }
 
     fn enabled(&mut self, level: v1::wisp::plugin0_1_0::logging::Level) -> wasmtime::Result<bool> {
-        <Self as v2::wisp::plugin0_2_0::logging::Host>::enabled(self, level_v2(level))
-    }
-}
-
-fn level_v2(l: v1::wisp::plugin0_1_0::logging::Level) -> v2::wisp::plugin0_2_0::logging::Level {
-    use v1::wisp::plugin0_1_0::logging::Level as A;
-    use v2::wisp::plugin0_2_0::logging::Level as B;
-    match l {
-        A::Trace => B::Trace,
-        A::Debug => B::Debug,
-        A::Info => B::Info,
-        A::Warn => B::Warn,
-        A::Error => B::Error,
+        <Self as Logging>::enabled(self, level_v1(level))
     }
 }
 
@@ -111,7 +136,36 @@ impl v2::wisp::plugin0_2_0::logging::Host for State {
         level: v2::wisp::plugin0_2_0::logging::Level,
         message: String,
     ) -> wasmtime::Result<()> {
-        use v2::wisp::plugin0_2_0::logging::Level;
+        <Self as Logging>::log(self, level_v2(level), message)
+    }
+
+    fn enabled(&mut self, level: v2::wisp::plugin0_2_0::logging::Level) -> wasmtime::Result<bool> {
+        <Self as Logging>::enabled(self, level_v2(level))
+    }
+}
+
+use v3::wisp::plugin0_3_0::logging::{Host as Logging, Level};
+
+/// The same level in the current world's enum.
+macro_rules! level_from {
+    ($name:ident, $from:ty) => {
+        fn $name(l: $from) -> Level {
+            use $from as A;
+            match l {
+                A::Trace => Level::Trace,
+                A::Debug => Level::Debug,
+                A::Info => Level::Info,
+                A::Warn => Level::Warn,
+                A::Error => Level::Error,
+            }
+        }
+    };
+}
+level_from!(level_v1, v1::wisp::plugin0_1_0::logging::Level);
+level_from!(level_v2, v2::wisp::plugin0_2_0::logging::Level);
+
+impl Logging for State {
+    fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
         const MAX: usize = 4096;
         let mut message = message;
         if message.len() > MAX {
@@ -133,8 +187,7 @@ impl v2::wisp::plugin0_2_0::logging::Host for State {
         Ok(())
     }
 
-    fn enabled(&mut self, level: v2::wisp::plugin0_2_0::logging::Level) -> wasmtime::Result<bool> {
-        use v2::wisp::plugin0_2_0::logging::Level;
+    fn enabled(&mut self, level: Level) -> wasmtime::Result<bool> {
         Ok(match level {
             Level::Trace => tracing::enabled!(target: "wisp::plugin", tracing::Level::TRACE),
             Level::Debug => tracing::enabled!(target: "wisp::plugin", tracing::Level::DEBUG),

@@ -125,36 +125,45 @@ impl HostMonotonicClock for FrozenMonotonicClock {
     }
 }
 
-/// How a component is instantiated and called: a 0.2.0 component through its generated
-/// bindings; a 0.1.0 one through its `init` and `execute` exports, typed with the 0.2.0 types
-/// (the same structure: component types match by structure, not by package version).
+/// How a component is instantiated and called: a 0.3.0 component through its generated
+/// bindings; a 0.2.0 or 0.1.0 one through its exports, typed with the 0.3.0 types (the same
+/// structure: component types match by structure, not by package version).
 pub(crate) enum Pre {
-    /// `wisp:plugin@0.2.0`.
-    V2(host::ModelPre<State>),
-    /// `wisp:plugin@0.1.0`.
-    V1 {
+    /// `wisp:plugin@0.3.0`.
+    Current(host::ModelPre<State>),
+    /// `wisp:plugin@0.2.0` or `0.1.0`.
+    Older {
         pre: InstancePre<State>,
         init: ComponentExportIndex,
         execute: ComponentExportIndex,
+        /// 0.2.0's `describe` (0.1.0 has none).
+        describe: Option<ComponentExportIndex>,
     },
 }
+
+/// The `wisp:plugin` versions whose components load, newest first.
+pub(crate) const WORLDS: [&str; 3] = ["0.3.0", "0.2.0", "0.1.0"];
 
 impl Pre {
     /// Which world `component` implements, from its exports.
     pub fn new(component: &Component, pre: InstancePre<State>) -> Result<Pre> {
         if component
-            .get_export_index(None, "wisp:plugin/plugin@0.2.0")
+            .get_export_index(None, "wisp:plugin/plugin@0.3.0")
             .is_some()
         {
-            return host::ModelPre::new(pre).map(Pre::V2).map_err(|e| {
+            return host::ModelPre::new(pre).map(Pre::Current).map_err(|e| {
                 Error::invalid(format!(
-                    "its wisp:plugin/plugin@0.2.0 export does not match wit/plugin.wit: {e:#}"
+                    "its wisp:plugin/plugin@0.3.0 export does not match wit/plugin.wit: {e:#}"
                 ))
             });
         }
-        let Some(plugin) = component.get_export_index(None, "wisp:plugin/plugin@0.1.0") else {
+        let Some((version, plugin)) = WORLDS[1..].iter().find_map(|v| {
+            component
+                .get_export_index(None, format!("wisp:plugin/plugin@{v}"))
+                .map(|i| (v, i))
+        }) else {
             return Err(Error::invalid(
-                "the component exports neither wisp:plugin/plugin@0.2.0 nor wisp:plugin/plugin@0.1.0 (build it with wisp-sdk, or against wit/plugin.wit)",
+                "the component exports no wisp:plugin/plugin (0.3.0, 0.2.0 or 0.1.0): build it with wisp-sdk, or against wit/plugin.wit",
             ));
         };
         let func = |name: &str| {
@@ -162,37 +171,51 @@ impl Pre {
                 .get_export_index(Some(&plugin), name)
                 .ok_or_else(|| {
                     Error::invalid(format!(
-                        "its wisp:plugin/plugin@0.1.0 export has no '{name}' function"
+                        "its wisp:plugin/plugin@{version} export has no '{name}' function"
                     ))
                 })
         };
-        Ok(Pre::V1 {
+        Ok(Pre::Older {
             init: func("init")?,
             execute: func("execute")?,
+            describe: if *version == "0.2.0" {
+                Some(func("describe")?)
+            } else {
+                None
+            },
             pre,
         })
     }
 
     fn engine(&self) -> &wasmtime::Engine {
         match self {
-            Pre::V2(p) => p.engine(),
-            Pre::V1 { pre, .. } => pre.engine(),
+            Pre::Current(p) => p.engine(),
+            Pre::Older { pre, .. } => pre.engine(),
         }
     }
 
     fn instantiate(&self, store: &mut Store<State>) -> wasmtime::Result<Bindings> {
         match self {
-            Pre::V2(p) => p.instantiate(&mut *store).map(Bindings::V2),
-            Pre::V1 { pre, init, execute } => {
+            Pre::Current(p) => p.instantiate(&mut *store).map(Bindings::Current),
+            Pre::Older {
+                pre,
+                init,
+                execute,
+                describe,
+            } => {
                 let instance = pre.instantiate(&mut *store)?;
                 let func = |store: &mut Store<State>, index| {
                     instance
                         .get_func(store, index)
                         .ok_or_else(|| wasmtime::Error::msg("a plugin export is not a function"))
                 };
-                Ok(Bindings::V1 {
+                Ok(Bindings::Older {
                     init: func(store, init)?,
                     execute: func(store, execute)?,
+                    describe: match describe {
+                        Some(d) => Some(func(store, d)?),
+                        None => None,
+                    },
                 })
             }
         }
@@ -201,8 +224,12 @@ impl Pre {
 
 /// An instantiated component's exports.
 enum Bindings {
-    V2(host::Model),
-    V1 { init: Func, execute: Func },
+    Current(host::Model),
+    Older {
+        init: Func,
+        execute: Func,
+        describe: Option<Func>,
+    },
 }
 
 /// What `execute` returns.
@@ -215,8 +242,8 @@ impl Bindings {
         params: &[(&str, &str)],
     ) -> wasmtime::Result<std::result::Result<(), wit::Error>> {
         match self {
-            Bindings::V2(m) => m.wisp_plugin0_2_0_plugin().call_init(store, params),
-            Bindings::V1 { init, .. } => {
+            Bindings::Current(m) => m.wisp_plugin0_3_0_plugin().call_init(store, params),
+            Bindings::Older { init, .. } => {
                 let f = init
                     .typed::<(&[(&str, &str)],), (std::result::Result<(), wit::Error>,)>(&*store)?;
                 Ok(f.call(store, (params,))?.0)
@@ -230,11 +257,24 @@ impl Bindings {
         batch: &[wit::RequestParam<'_>],
     ) -> wasmtime::Result<Executed> {
         match self {
-            Bindings::V2(m) => m.wisp_plugin0_2_0_plugin().call_execute(store, batch),
-            Bindings::V1 { execute, .. } => {
+            Bindings::Current(m) => m.wisp_plugin0_3_0_plugin().call_execute(store, batch),
+            Bindings::Older { execute, .. } => {
                 let f = execute.typed::<(&[wit::RequestParam<'_>],), (Executed,)>(&*store)?;
                 Ok(f.call(store, (batch,))?.0)
             }
+        }
+    }
+
+    fn describe(&self, store: &mut Store<State>) -> wasmtime::Result<Option<wit::Signature>> {
+        match self {
+            Bindings::Current(m) => m.wisp_plugin0_3_0_plugin().call_describe(store),
+            Bindings::Older {
+                describe: Some(d), ..
+            } => {
+                let f = d.typed::<(), (Option<wit::Signature>,)>(&*store)?;
+                Ok(f.call(store, ())?.0)
+            }
+            Bindings::Older { describe: None, .. } => Ok(None),
         }
     }
 }
@@ -248,7 +288,13 @@ struct Live {
 
 fn instantiate(shared: &Shared) -> std::result::Result<Live, (Failure, Error)> {
     let limits = &shared.limits;
-    let (mut store, output) = new_store(&shared.name, limits, shared.caller.clone(), &shared.pre)?;
+    let (mut store, output) = new_store(
+        &shared.name,
+        limits,
+        shared.caller.clone(),
+        &shared.pre,
+        Some((&shared.signature, shared.config.decoupled())),
+    )?;
     let fail = |e: wasmtime::Error, output: &PluginOutput| {
         let (_, msg) = classify(&e, limits, output);
         (
@@ -288,18 +334,13 @@ fn instantiate(shared: &Shared) -> std::result::Result<Live, (Failure, Error)> {
 pub(crate) fn describe(name: &str, pre: &Pre) -> Result<Option<wit::Signature>> {
     let limits = Limits::default();
     let (mut store, output) =
-        new_store(&Arc::from(name), &limits, None, pre).map_err(|(_, e)| e)?;
+        new_store(&Arc::from(name), &limits, None, pre, None).map_err(|(_, e)| e)?;
     let fail = |e: wasmtime::Error| {
         let (_, msg) = classify(&e, &limits, &output);
         Error::invalid(format!("plugin '{name}' describe {msg}"))
     };
-    match pre.instantiate(&mut store).map_err(fail)? {
-        Bindings::V2(m) => m
-            .wisp_plugin0_2_0_plugin()
-            .call_describe(&mut store)
-            .map_err(fail),
-        Bindings::V1 { .. } => Ok(None),
-    }
+    let bindings = pre.instantiate(&mut store).map_err(fail)?;
+    bindings.describe(&mut store).map_err(fail)
 }
 
 /// A store with `limits`' sandbox, its output captured.
@@ -308,6 +349,7 @@ fn new_store(
     limits: &Limits,
     caller: Option<Arc<dyn ModelCaller>>,
     pre: &Pre,
+    model: Option<(&Arc<Signature>, bool)>,
 ) -> std::result::Result<(Store<State>, PluginOutput), (Failure, Error)> {
     let output = PluginOutput::new(name);
     let mut wasi = WasiCtxBuilder::new();
@@ -344,6 +386,9 @@ fn new_store(
         deadline: Instant::now() + limits.sandbox.timeout,
         trace: None,
         call_path: Vec::new(),
+        signature: model.map(|(sig, _)| sig.clone()),
+        decoupled: model.is_some_and(|(_, decoupled)| decoupled),
+        streams: Vec::new(),
     };
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|s| &mut s.limits);
@@ -381,71 +426,6 @@ impl WasmInstance {
             live: Some(live),
         })
     }
-
-    /// Checks one response against the config and the request.
-    fn check_response(
-        &self,
-        request: &InferRequest,
-        response: host::wit::Response,
-    ) -> Result<InferResponse> {
-        let sig = &self.shared.signature;
-        let batched = sig.batches();
-        let rows = request.batch_size(batched) as i64;
-        let mut outputs = Vec::with_capacity(response.outputs.len());
-        for t in response.outputs {
-            let t = host::from_wit_tensor(t)?;
-            let Some(c) = sig.output(&t.name) else {
-                return Err(Error::internal(format!(
-                    "returned output '{}', which the config does not declare",
-                    t.name
-                )));
-            };
-            if outputs.iter().any(|o: &wisp_core::Tensor| o.name == t.name) {
-                return Err(Error::internal(format!(
-                    "returned output '{}' twice",
-                    t.name
-                )));
-            }
-            if c.datatype != t.datatype {
-                return Err(Error::internal(format!(
-                    "returned output '{}' as {}, the config declares {}",
-                    t.name,
-                    t.datatype,
-                    c.datatype.config_name()
-                )));
-            }
-            let dims: &[i64] = &t.shape;
-            let ok = if batched {
-                dims.len() == c.dims.len() + 1 && dims[0] == rows && dims_match(&dims[1..], &c.dims)
-            } else {
-                dims_match(dims, &c.dims)
-            };
-            if !ok {
-                let want = if batched {
-                    format!("[{rows}] + {:?}", c.dims)
-                } else {
-                    format!("{:?}", c.dims)
-                };
-                return Err(Error::internal(format!(
-                    "returned output '{}' with shape {:?}, the config declares {want}",
-                    t.name, t.shape
-                )));
-            }
-            outputs.push(t);
-        }
-        for want in &request.requested_outputs {
-            if !outputs.iter().any(|o| &o.name == want) {
-                return Err(Error::internal(format!(
-                    "did not return the requested output '{want}'"
-                )));
-            }
-        }
-        Ok(InferResponse::new(outputs))
-    }
-}
-
-fn dims_match(got: &[i64], want: &[i64]) -> bool {
-    got.len() == want.len() && got.iter().zip(want).all(|(&g, &w)| w < 0 || g == w)
 }
 
 impl Instance for WasmInstance {
@@ -494,8 +474,21 @@ impl Instance for WasmInstance {
             }
         }
         state.call_path.push(shared.name.clone());
+        // Where each request's responses go, for a decoupled model's `responses.send`.
+        let batched = shared.signature.batches();
+        state.streams = batch
+            .iter()
+            .map(|r| host::Stream {
+                sink: r.responses.clone(),
+                rows: r.batch_size(batched) as i64,
+                requested: r.requested_outputs.clone(),
+                finished: false,
+            })
+            .collect();
         let result = live.bindings.execute(&mut live.store, &requests);
-        live.store.data_mut().trace = None;
+        let state = live.store.data_mut();
+        state.trace = None;
+        let streams = std::mem::take(&mut state.streams);
         let executed = Instant::now();
         timing.infer_ns = (executed - converted).as_nanos() as u64;
         let results = match result {
@@ -523,11 +516,27 @@ impl Instance for WasmInstance {
                 batch.len()
             )))
         } else {
-            batch
+            let decoupled = live.store.data().decoupled;
+            streams
                 .iter()
                 .zip(results)
-                .map(|(req, r)| match r {
-                    Ok(resp) => self.check_response(req, resp).map_err(|e| {
+                .enumerate()
+                .map(|(i, (stream, r))| match r {
+                    // A request whose final response went through `responses` is over.
+                    _ if stream.finished => {
+                        if let Err(e) = r {
+                            tracing::warn!(model = %shared.name, "plugin returned an error for request {i} after its final response: {}", e.message);
+                        }
+                        Ok(InferResponse::new(Vec::new()))
+                    }
+                    Ok(resp) => crate::responses::check_response(
+                        &shared.signature,
+                        stream.rows,
+                        &stream.requested,
+                        resp,
+                        decoupled,
+                    )
+                    .map_err(|e| {
                         count_failure(&shared, Failure::BadOutput);
                         Error::internal(format!("plugin '{}' {}", shared.name, e.message()))
                     }),

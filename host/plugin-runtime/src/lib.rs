@@ -1,8 +1,9 @@
 //! `wisp-plugin-runtime`: WebAssembly components served as models (`backend: "wasm"`).
 //!
-//! A plugin is a component of the `wisp:plugin/model` world (`wit/plugin.wit`, 0.2.0; 0.1.0
-//! components load too): it exports `describe`, `init` and `execute` and may call the
-//! server's other models through the `models` import or `wasi:nn`. This crate
+//! A plugin is a component of the `wisp:plugin/model` world (`wit/plugin.wit`, 0.3.0; 0.2.0
+//! and 0.1.0 components load too): it exports `describe`, `init` and `execute`, may call the
+//! server's other models through the `models` import or `wasi:nn`, and, when its config makes
+//! it decoupled, sends zero or more responses per request through `responses`. This crate
 //! compiles each model version once (caching the precompiled artifact on disk, keyed by the
 //! wasmtime version, the engine settings and the component's sha256), links it once into an
 //! `InstancePre`, and gives every instance its own store and sandbox:
@@ -18,12 +19,14 @@
 //! `models` and wasi-nn calls reach other models through a [`ModelCaller`] the server
 //! provides; a call back into a model on the request's call path is refused.
 
+mod compat;
 mod engine;
 mod host;
 mod instance;
 pub mod limits;
 mod models;
 mod nn;
+mod responses;
 mod stdio;
 
 use std::collections::BTreeMap;
@@ -177,7 +180,7 @@ impl WasmBackend {
         let limits = Limits::new(sandbox, &*self.env);
         if config.input.is_empty() || config.output.is_empty() {
             return Err(Error::invalid(format!(
-                "model '{name}': a wasm model declares its inputs and outputs in config.pbtxt, or describes them itself (wisp:plugin@0.2.0 `describe`)"
+                "model '{name}': a wasm model declares its inputs and outputs in config.pbtxt, or describes them itself (wisp:plugin@0.2.0 or later: `describe`)"
             )));
         }
         let wasm = wisp_core::repository::read_regular(
@@ -235,22 +238,30 @@ impl WasmBackend {
 }
 
 /// Links `component` against everything a plugin may import (WASI 0.2, wasi-nn, and
-/// `wisp:plugin` 0.1.0 and 0.2.0), once per loaded version.
+/// `wisp:plugin` 0.3.0, 0.2.0 and 0.1.0), once per loaded version.
 fn link(engine: &wasmtime::Engine, component: &Component, name: &str) -> Result<instance::Pre> {
     let mut linker: Linker<host::State> = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
         .map_err(|e| Error::internal(format!("cannot link WASI: {e:#}")))?;
-    host::v2::Model::add_to_linker::<_, HasSelf<host::State>>(&mut linker, |s| s)
+    host::v3::Model::add_to_linker::<_, HasSelf<host::State>>(&mut linker, |s| s)
         .map_err(|e| Error::internal(format!("cannot link wisp:plugin: {e:#}")))?;
-    // 0.1.0 components import its logging interface; wasi:nn is linked already
+    // Older components import their own versions of the interfaces; wasi:nn is linked already.
+    let older =
+        |e: wasmtime::Error| Error::internal(format!("cannot link wisp:plugin@0.2.0/0.1.0: {e:#}"));
+    {
+        use host::v2::wisp::plugin0_2_0 as v2;
+        v2::types::add_to_linker::<_, HasSelf<host::State>>(&mut linker, |s| s).map_err(older)?;
+        v2::logging::add_to_linker::<_, HasSelf<host::State>>(&mut linker, |s| s).map_err(older)?;
+        v2::models::add_to_linker::<_, HasSelf<host::State>>(&mut linker, |s| s).map_err(older)?;
+    }
     host::v1::wisp::plugin0_1_0::logging::add_to_linker::<_, HasSelf<host::State>>(
         &mut linker,
         |s| s,
     )
-    .map_err(|e| Error::internal(format!("cannot link wisp:plugin@0.1.0: {e:#}")))?;
+    .map_err(older)?;
     let pre = linker.instantiate_pre(component).map_err(|e| {
         Error::invalid(format!(
-            "model '{name}': the component's imports cannot be satisfied (a plugin may import wasi:cli/io/clocks/filesystem/random 0.2, wasi:nn, and wisp:plugin/logging and models, 0.1.0 or 0.2.0): {e:#}"
+            "model '{name}': the component's imports cannot be satisfied (a plugin may import wasi:cli/io/clocks/filesystem/random 0.2, wasi:nn, and wisp:plugin/logging, models and responses, 0.1.0 to 0.3.0): {e:#}"
         ))
     })?;
     instance::Pre::new(component, pre)
@@ -262,13 +273,13 @@ fn link(engine: &wasmtime::Engine, component: &Component, name: &str) -> Result<
 pub struct Inspection {
     /// The file's size.
     pub bytes: u64,
-    /// The `wisp:plugin` version it implements (`0.2.0`, `0.1.0`), if any.
+    /// The `wisp:plugin` version it implements (`wisp:plugin@0.3.0`, ...), if any.
     pub world: Option<&'static str>,
     /// What it imports, each with what the sandbox makes of it.
     pub imports: Vec<(String, &'static str)>,
     /// Why it cannot be linked (it would not load), if so.
     pub link_error: Option<String>,
-    /// What its `describe` says (0.2.0 components that describe themselves).
+    /// What its `describe` says (0.2.0 and later components that describe themselves).
     pub signature: Option<ModelIo>,
 }
 
@@ -312,7 +323,7 @@ impl WasmBackend {
             .engines
             .compile(engine, &wasm)
             .map_err(|e| e.context(file.display().to_string()))?;
-        let world = ["0.2.0", "0.1.0"].into_iter().find(|v| {
+        let world = instance::WORLDS.into_iter().find(|v| {
             component
                 .get_export_index(None, format!("wisp:plugin/plugin@{v}"))
                 .is_some()
@@ -335,6 +346,7 @@ impl WasmBackend {
         Ok(Inspection {
             bytes: wasm.len() as u64,
             world: world.map(|w| match w {
+                "0.3.0" => "wisp:plugin@0.3.0",
                 "0.2.0" => "wisp:plugin@0.2.0",
                 _ => "wisp:plugin@0.1.0",
             }),
@@ -368,7 +380,7 @@ fn signature_io(sig: host::wit::Signature) -> ModelIo {
 }
 
 impl Backend for WasmBackend {
-    /// What the component's `describe` export says (0.2.0 components that implement it), for
+    /// What the component's `describe` export says (0.2.0 and later components), for
     /// config auto-complete.
     fn describe(&self, model_file: &Path) -> Result<ModelIo> {
         let name = model_file
@@ -397,7 +409,7 @@ impl Backend for WasmBackend {
         let pre = link(engine, &component, &name)?;
         let Some(sig) = instance::describe(&name, &pre)? else {
             return Err(Error::invalid(format!(
-                "model '{name}': the plugin does not describe itself (a wisp:plugin@0.2.0 `describe` returning a signature), so config.pbtxt must declare its inputs and outputs"
+                "model '{name}': the plugin does not describe itself (a wisp:plugin@0.2.0 or later `describe` returning a signature), so config.pbtxt must declare its inputs and outputs"
             )));
         };
         Ok(signature_io(sig))

@@ -1,4 +1,4 @@
-//! The `wisp:plugin/models` import (0.2.0): a plugin calls the server's models with the same
+//! The `wisp:plugin/models` import (0.3.0; 0.2.0 through [`crate::compat`]): a plugin calls the server's models with the same
 //! requests and tensors it receives — every datatype, parameters, requested outputs — a whole
 //! list at a time, so that the called model's scheduler batches them.
 
@@ -8,12 +8,13 @@ use bytes::Bytes;
 use wisp_core::infer::MAX_CALL_DEPTH;
 use wisp_core::{Error, ErrorKind, InferRequest, InferResponse, Tensor};
 
-use crate::host::{from_wit_datatype, to_wit_datatype, v2, wit, State};
+use crate::host::{from_wit_datatype, to_wit_datatype, v3, wit, State};
 
 /// What `infer` returns to the guest.
-type Called = std::result::Result<Vec<std::result::Result<wit::Response, wit::Error>>, wit::Error>;
+pub(crate) type Called =
+    std::result::Result<Vec<std::result::Result<wit::Response, wit::Error>>, wit::Error>;
 
-impl v2::wisp::plugin0_2_0::models::Host for State {
+impl v3::wisp::plugin0_3_0::models::Host for State {
     fn infer(
         &mut self,
         model: String,
@@ -25,7 +26,7 @@ impl v2::wisp::plugin0_2_0::models::Host for State {
 }
 
 impl State {
-    fn call_model(
+    pub(crate) fn call_model(
         &mut self,
         model: &str,
         version: Option<u64>,

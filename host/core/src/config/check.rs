@@ -136,6 +136,18 @@ fn check_kind(
         };
         err("backend".into(), what);
     }
+    if cfg.decoupled() && !wasm {
+        err(
+            super::TRANSACTION_POLICY.into(),
+            "only wasm plugins can be decoupled (they send their responses through wisp:plugin/responses, 0.3.0); ONNX models and ensembles answer each request once".into(),
+        );
+    }
+    if cfg.decoupled() && cfg.response_cache.as_ref().is_some_and(|c| c.enable) {
+        err(
+            "response_cache".into(),
+            "the response cache does not support models with a decoupled transaction policy".into(),
+        );
+    }
     (steps, sequence)
 }
 

@@ -91,6 +91,9 @@ pub mod bounds {
     pub const MAX_STATE_BYTES_TOTAL: u64 = 1 << 30;
 }
 
+/// The config field of a model's transaction policy (`decoupled`).
+pub const TRANSACTION_POLICY: &str = "model_transaction_policy";
+
 type Map = serde_json::Map<String, serde_json::Value>;
 
 /// Triton's `ModelConfig`, for the fields Wisp acts on; the rest is kept in `other`.
@@ -458,6 +461,16 @@ impl ModelConfig {
     /// A WebAssembly component (`backend: "wasm"`) serves this model.
     pub fn is_wasm(&self) -> bool {
         self.backend == WASM_BACKEND
+    }
+
+    /// Whether `model_transaction_policy { decoupled: true }` is set: the model sends zero or
+    /// more responses per request (a wasm plugin through `wisp:plugin/responses`).
+    pub fn decoupled(&self) -> bool {
+        self.other
+            .get(TRANSACTION_POLICY)
+            .and_then(|p| p.get("decoupled"))
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
     }
 
     /// An ensemble (`platform: "ensemble"`).

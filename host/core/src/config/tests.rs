@@ -257,3 +257,37 @@ fn a_validated_spec_carries_a_typed_signature() {
     cfg.max_batch_size = -1;
     assert_eq!(Signature::of(&cfg).unwrap_err().path, "max_batch_size");
 }
+
+#[test]
+fn only_a_wasm_plugin_without_a_response_cache_can_be_decoupled() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |text: &str| {
+        let mut cfg = parse_pbtxt("m", text).unwrap();
+        normalize(&mut cfg, "m", dir.path());
+        validate(cfg, "m", dir.path())
+    };
+    let io = r#"input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+                output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]"#;
+    let plugin = format!(r#"backend: "wasm" model_transaction_policy {{ decoupled: true }} {io}"#);
+    let spec = check(&plugin).unwrap();
+    assert!(spec.config.decoupled());
+    assert!(!check(&format!(r#"backend: "wasm" {io}"#))
+        .unwrap()
+        .config
+        .decoupled());
+
+    let onnx = format!(
+        r#"platform: "onnxruntime_onnx" model_transaction_policy {{ decoupled: true }} {io}"#
+    );
+    let e = check(&onnx).unwrap_err().to_string();
+    assert!(
+        e.contains("model_transaction_policy") && e.contains("only wasm plugins"),
+        "{e}"
+    );
+    let cached = format!("{plugin} response_cache {{ enable: true }}");
+    let e = check(&cached).unwrap_err().to_string();
+    assert!(
+        e.contains("response_cache") && e.contains("decoupled"),
+        "{e}"
+    );
+}

@@ -291,7 +291,7 @@ fn check(file: &Path) -> anyhow::Result<()> {
                 }
             }
         }
-        None if i.world == Some("wisp:plugin@0.2.0") && i.link_error.is_none() => {
+        None if i.world.is_some_and(|w| w != "wisp:plugin@0.1.0") && i.link_error.is_none() => {
             println!("does not describe itself: its config.pbtxt must declare inputs and outputs")
         }
         None => {}
