@@ -3,7 +3,8 @@
 //! A plugin implements [`Plugin`] and exports it with [`export_plugin!`]; `cargo build --release
 //! --target wasm32-wasip2` turns the crate (`crate-type = ["cdylib"]`) into `model.wasm`. The
 //! server calls [`Plugin::init`] once per instance with the model config's `parameters`, then
-//! [`Plugin::execute_batch`] for every batch of requests.
+//! [`Plugin::execute_batch`] for every batch of requests. A decoupled model streams several
+//! responses per request through a [`stream::ResponseSender`].
 //!
 //! ```
 //! use wisp_sdk::{Error, Params, Plugin, Request, Response, Tensor};
@@ -42,6 +43,7 @@ mod tensor;
 pub mod log;
 pub mod models;
 pub mod nn;
+pub mod stream;
 pub mod testing;
 
 /// Bindings generated from `wit/plugin.wit` (what [`export_plugin!`] builds on).
@@ -347,7 +349,11 @@ pub mod __private {
         PLUGIN.with(|p| {
             let mut slot = p.borrow_mut();
             match slot.as_mut().and_then(|b| b.downcast_mut::<P>()) {
-                Some(plugin) => plugin.execute_batch(batch),
+                Some(plugin) => {
+                    // where `Request::response_sender` finds each request's index
+                    let _executing = crate::stream::executing(&batch);
+                    plugin.execute_batch(batch)
+                }
                 None => batch
                     .iter()
                     .map(|_| Err(Error::internal("execute called before init")))

@@ -25,8 +25,24 @@ use crate::{Error, Request, Response};
 
 type Handler = Box<dyn Fn(&Request) -> Result<Response, Error>>;
 
+/// A response a decoupled plugin sent in a native test: the request's index in its batch,
+/// the response (`None`: the final flag alone) and whether it was final.
+pub type Sent = (u32, Option<Result<Response, Error>>, bool);
+
 thread_local! {
     static MODELS: RefCell<HashMap<String, (Handler, usize)>> = RefCell::new(HashMap::new());
+    static SENT: RefCell<Vec<Sent>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The responses sent through [`crate::stream::ResponseSender`]s on this thread since the last
+/// call, in order (taken: a second call returns only what was sent after the first).
+pub fn sent() -> Vec<Sent> {
+    SENT.with(|s| std::mem::take(&mut *s.borrow_mut()))
+}
+
+#[cfg_attr(target_family = "wasm", allow(dead_code))]
+pub(crate) fn record(request: u32, response: Option<Result<Response, Error>>, last: bool) {
+    SENT.with(|s| s.borrow_mut().push((request, response, last)));
 }
 
 /// Makes calls to `model` (any version) answer with `handler`, one request at a time.
@@ -42,9 +58,10 @@ pub fn calls(model: &str) -> usize {
     MODELS.with(|m| m.borrow().get(model).map_or(0, |(_, n)| *n))
 }
 
-/// Forgets every registered model.
+/// Forgets every registered model and recorded response.
 pub fn clear() {
     MODELS.with(|m| m.borrow_mut().clear());
+    SENT.with(|s| s.borrow_mut().clear());
 }
 
 /// One call: what the host does inside the server.

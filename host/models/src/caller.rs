@@ -39,6 +39,19 @@ impl RegistryCaller {
             .and_then(Weak::upgrade)
             .ok_or_else(|| Error::unavailable("the server is shutting down"))
     }
+
+    /// A served, ready model version that takes one response per request: a decoupled model
+    /// answers on a client's stream, which an ensemble step or a plugin's call does not have.
+    fn callable(&self, model: &str, version: Option<&str>) -> Result<Arc<ModelVersion>> {
+        let m = self.registry()?.get(model, version)?;
+        if m.config.decoupled() {
+            return Err(Error::unsupported(format!(
+                "model '{}' is decoupled (it streams its responses to a client): an ensemble step or a plugin cannot call it",
+                m.name
+            )));
+        }
+        Ok(m)
+    }
 }
 
 impl RegistryCaller {
@@ -61,7 +74,7 @@ impl RegistryCaller {
         mut request: InferRequest,
         respond: wisp_scheduler::Responder,
     ) -> Result<()> {
-        let m = self.registry()?.get(model, version)?;
+        let m = self.callable(model, version)?;
         validate(&m, &request)?;
         match start_child(&m, &mut request) {
             None => m.submit(request, respond),
@@ -92,7 +105,7 @@ fn start_child(m: &ModelVersion, request: &mut InferRequest) -> Option<Arc<Trace
 
 impl ModelCaller for RegistryCaller {
     fn check(&self, model: &str, version: Option<&str>) -> Result<()> {
-        self.registry()?.get(model, version).map(|_| ())
+        self.callable(model, version).map(|_| ())
     }
 
     fn infer(
@@ -102,7 +115,7 @@ impl ModelCaller for RegistryCaller {
         mut request: InferRequest,
         deadline: Instant,
     ) -> Result<InferResponse> {
-        let m = self.registry()?.get(model, version)?;
+        let m = self.callable(model, version)?;
         validate(&m, &request)?;
         // A traced plugin request's call is a child trace, as an ensemble step is.
         let child = start_child(&m, &mut request);
@@ -120,7 +133,7 @@ impl ModelCaller for RegistryCaller {
         requests: Vec<InferRequest>,
         deadline: Instant,
     ) -> Result<Vec<Result<InferResponse>>> {
-        let m = self.registry()?.get(model, version)?;
+        let m = self.callable(model, version)?;
         let mut children = Vec::with_capacity(requests.len());
         let checked = requests
             .into_iter()

@@ -395,10 +395,11 @@ impl Scheduler {
     /// As [`Scheduler::enqueue`], except that the request may run on the calling thread before
     /// this returns, when all of these hold: an instance that allows it
     /// ([`Instance::runs_on_caller`]) is idle, nothing is queued, the model's recent executions
-    /// averaged at most 100 µs, the request's inputs hold at most 64 KiB, and the policy would
-    /// send a lone request at once (no `preserve_ordering`, no batcher waiting for more). That
-    /// is what the instance thread would do next anyway, minus the hand-off to it and back,
-    /// which is most of what a tiny model's request costs at low load. For callers that may
+    /// averaged at most 100 µs, the request's inputs hold at most 64 KiB, it takes one
+    /// response (no [`InferRequest::responses`] stream), and the policy would send a lone
+    /// request at once (no `preserve_ordering`, no batcher waiting for more). That is what the
+    /// instance thread would do next anyway, minus the hand-off to it and back, which is most
+    /// of what a tiny model's request costs at low load. For callers that may
     /// spend that long (an async front end's worker, a plugin's thread) and whose `respond`
     /// takes no lock the execution needs.
     pub fn enqueue_or_run(&self, request: InferRequest, respond: Responder) -> Result<()> {
@@ -415,7 +416,10 @@ impl Scheduler {
                 })
                 .is_some()
         };
+        // A streaming request's responses are sent while it runs, through a sink that may
+        // wait for the client: never on an async caller's thread.
         if p.preserve_ordering
+            || request.responses.is_some()
             || sh.limits.get().is_some()
             || (p.dynamic && !p.max_queue_delay.is_zero())
             || recent == 0

@@ -85,7 +85,7 @@ impl ApiGroup {
             ["v1", ..] => ApiGroup::Inference,
             ["v2", "models", rest @ ..] if !rest.is_empty() => match rest.last() {
                 Some(&"ready") => ApiGroup::Health,
-                Some(&"infer") => ApiGroup::Inference,
+                Some(&"infer" | &"generate" | &"generate_stream") => ApiGroup::Inference,
                 Some(&"config") => ApiGroup::ModelConfig,
                 Some(&"stats") => ApiGroup::Statistics,
                 Some(&"trace" | &"setting") => ApiGroup::Trace,

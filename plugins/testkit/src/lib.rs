@@ -16,6 +16,14 @@
 //!   inputs and outputs; the request parameter `mode` is dropped, the rest pass through);
 //! - `forward_each`: the same with one call per request (the benchmark's baseline).
 //!
+//! - `stream` (a decoupled model): sends responses `OUTPUT` = `INPUT` + i (INT32) for i in
+//!   0..`count` (request parameter, default 3), an error in place of response `error_at` (if
+//!   set), then ends as request parameter `end` says: `flag` (default: an empty result, the
+//!   final flag alone), `response` (one more response, `INPUT` + `count`, returned as the
+//!   last), `error` (an error as the last), `sent` (the last response sent as final), `none`
+//!   (the flag sent alone before returning). With `forever` true it sends until a send fails
+//!   or the client has gone, then fails with how many it sent.
+//!
 //! `init` fails when the `fail_init` parameter is `true`.
 
 use wisp_sdk::models::Model;
@@ -135,8 +143,68 @@ impl Plugin for Testkit {
                 let t = Tensor::from_strings("OUTPUT", vec![1], [probe()]);
                 Ok(Response::new(vec![t]))
             }
+            "stream" => stream(request),
             other => Err(Error::invalid(format!("testkit: unknown mode '{other}'"))),
         }
+    }
+}
+
+/// An integer request parameter.
+fn int_param(request: &Request, key: &str) -> Option<i64> {
+    match request.param(key) {
+        Some(ParamValue::Int(v)) => Some(*v),
+        _ => None,
+    }
+}
+
+/// The `stream` mode (see the crate docs).
+fn stream(request: &Request) -> Result<Response, Error> {
+    let input = request.input("INPUT")?;
+    let x = input.to_i32()?;
+    let plus = |i: i64| {
+        let y: Vec<i32> = x.iter().map(|v| v.wrapping_add(i as i32)).collect();
+        Response::new(vec![Tensor::from_i32("OUTPUT", input.shape.clone(), &y)])
+    };
+    let sender = request.response_sender();
+    if matches!(request.param("forever"), Some(ParamValue::Bool(true))) {
+        let mut sent = 0i64;
+        while !sender.is_cancelled() {
+            if let Err(e) = sender.send(plus(sent)) {
+                return Err(Error::unavailable(format!(
+                    "testkit: stopped after {sent} responses: {}",
+                    e.message
+                )));
+            }
+            sent += 1;
+        }
+        return Err(Error::unavailable(format!(
+            "testkit: cancelled after {sent} responses"
+        )));
+    }
+    let count = int_param(request, "count").unwrap_or(3).clamp(0, 10_000);
+    let error_at = int_param(request, "error_at");
+    let end = match request.param("end") {
+        Some(ParamValue::Text(t)) => t.as_str(),
+        _ => "flag",
+    };
+    for i in 0..count {
+        let last = end == "sent" && i + 1 == count;
+        if error_at == Some(i) {
+            sender.send_error(Error::invalid(format!("testkit: error at {i}")), last)?;
+        } else if last {
+            sender.send_final(plus(i))?;
+        } else {
+            sender.send(plus(i))?;
+        }
+    }
+    match end {
+        "response" => Ok(plus(count)),
+        "error" => Err(Error::invalid("testkit: the last response is an error")),
+        "none" => {
+            sender.finish()?;
+            Ok(Response::new(vec![]))
+        }
+        _ => Ok(Response::new(vec![])),
     }
 }
 
@@ -195,6 +263,25 @@ mod tests {
             1,
             "one call for the batch"
         );
+    }
+
+    #[test]
+    fn stream_sends_count_responses_then_ends_as_asked() {
+        wisp_sdk::testing::clear();
+        let mut p = Testkit::init(&Params::from_pairs(&[("mode", "stream")])).unwrap();
+        let mut req = Request::new(vec![Tensor::from_i32("INPUT", vec![1, 2], &[3, 4])]);
+        req.parameters.push(wisp_sdk::Param {
+            key: "end".into(),
+            value: ParamValue::Text("response".into()),
+        });
+        let last = p.execute(&req).unwrap();
+        assert_eq!(last.output("OUTPUT").unwrap().to_i32().unwrap(), vec![6, 7]);
+        let sent = wisp_sdk::testing::sent();
+        assert_eq!(sent.len(), 3);
+        let (_, r, final_) = &sent[2];
+        assert!(!final_);
+        let y = r.as_ref().unwrap().as_ref().unwrap().outputs[0].to_i32();
+        assert_eq!(y.unwrap(), vec![5, 6]);
     }
 
     #[test]

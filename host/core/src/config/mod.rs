@@ -509,7 +509,7 @@ impl ModelConfig {
             .other
             .keys()
             .filter(|k| !(self.is_ensemble() && *k == "ensemble_scheduling"))
-            .filter(|k| *k != sequence::FIELD)
+            .filter(|k| *k != sequence::FIELD && *k != TRANSACTION_POLICY)
             .cloned()
             .collect();
         for (i, input) in self.input.iter().enumerate() {

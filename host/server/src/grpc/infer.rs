@@ -1,15 +1,25 @@
 //! `ModelInfer` and `ModelStreamInfer`: a decoded request through the service, and the
-//! stream with its bounded in-flight window and per-stream sequences.
+//! stream with its bounded in-flight window, per-stream sequences and decoupled models'
+//! responses.
 
 use super::*;
 
-pub(super) async fn infer(
+/// A request admitted to the in-flight budget, its model resolved and its message decoded.
+pub(super) struct Admitted {
+    budget: crate::service::Charge,
+    model: Arc<crate::models::ModelVersion>,
+    decoded: Result<Decoded, Error>,
+    received: std::time::Instant,
+}
+
+/// Charges `req` to the in-flight budget (unless the codec did: `charged`), resolves its model
+/// and decodes it.
+pub(super) fn admit(
     service: &Service,
     mut req: pb::ModelInferRequest,
-    trace_parent: Option<TraceParent>,
     scope: &Scope,
     charged: Option<crate::service::Charge>,
-) -> Result<pb::ModelInferResponse, Error> {
+) -> Result<Admitted, Error> {
     let received = std::time::Instant::now();
     // Raw contents are sliced from the message without copies; typed contents are held as
     // decoded (a packed varint of one byte is eight in an int64 vector) and converted into a
@@ -27,17 +37,44 @@ pub(super) async fn infer(
             .sum::<u64>();
     // Charged by the codec before decoding when the call came through the front end; charged
     // here when the service trait is called directly.
-    let _budget = match charged {
+    let budget = match charged {
         Some(charge) => charge,
         None => service.admit(size)?,
     };
     let version = (!req.model_version.is_empty()).then(|| std::mem::take(&mut req.model_version));
-    let m = service.model(&req.model_name, version.as_deref())?;
+    let model = service.model(&req.model_name, version.as_deref())?;
     let decoded = decode(req).map(|mut d| {
         d.shm_scope = scope.clone();
         d
     });
-    let answer = service.infer(m, decoded, received, trace_parent).await?;
+    Ok(Admitted {
+        budget,
+        model,
+        decoded,
+        received,
+    })
+}
+
+/// One request, one response: refused for a decoupled model, as Triton's `ModelInfer` does.
+pub(super) async fn infer(
+    service: &Service,
+    a: Admitted,
+    trace_parent: Option<TraceParent>,
+) -> Result<pb::ModelInferResponse, Error> {
+    let _budget = a.budget;
+    if a.model.config.decoupled() {
+        return Err(Error::unsupported(
+            "ModelInfer RPC doesn't support models with decoupled transaction policy",
+        ));
+    }
+    let answer = service
+        .infer(a.model, a.decoded, a.received, trace_parent)
+        .await?;
+    Ok(encode(answer))
+}
+
+/// An answer as a `ModelInferResponse`.
+fn encode(answer: crate::service::Answer) -> pb::ModelInferResponse {
     let mut resp = pb::ModelInferResponse {
         model_name: answer.model.name.clone(),
         model_version: answer.model.version.to_string(),
@@ -81,26 +118,109 @@ pub(super) async fn infer(
             });
         resp.raw_output_contents.push(data);
     }
-    Ok(resp)
+    resp
 }
 
-/// The parameters a streamed response carries: the request's sequence flags, echoed so that a
-/// client running several sequences on one stream can tell their responses apart, and
-/// `triton_final_response` (every response is its request's last: Wisp has no decoupled
-/// models), which clients that ask for an empty final response wait for.
-pub(super) fn stream_flags(
-    request: &HashMap<String, pb::InferParameter>,
-) -> impl Iterator<Item = (String, pb::InferParameter)> {
-    let echoed: Vec<_> = ["sequence_id", "sequence_start", "sequence_end"]
-        .into_iter()
-        .filter_map(|k| request.get(k).map(|p| (k.to_string(), p.clone())))
-        .collect();
-    let last = pb::InferParameter {
-        parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(true)),
+/// Streams a decoupled model's responses to one request onto the call's stream, each carrying
+/// the echoed sequence flags and `triton_final_response`. The final flag alone (after the
+/// last response) is sent only when the request set `triton_enable_empty_final_response`, as
+/// Triton does.
+async fn stream_decoupled(
+    service: &Service,
+    a: Admitted,
+    trace_parent: Option<TraceParent>,
+    request: StreamedRequest,
+    tx: &tokio::sync::mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
+) {
+    let empty_final = request.empty_final;
+    let (name, version) = (a.model.name.clone(), a.model.version.to_string());
+    let _budget = a.budget;
+    let (parts_tx, mut parts) = tokio::sync::mpsc::channel(crate::service::stream::STREAM_BUFFER);
+    let run = service.infer_stream(a.model, a.decoded, a.received, trace_parent, parts_tx);
+    let forward = async {
+        while let Some(part) = parts.recv().await {
+            let mut msg = match part.answer {
+                Some(Ok(answer)) => pb::ModelStreamInferResponse {
+                    error_message: String::new(),
+                    infer_response: Some(encode(answer)),
+                },
+                Some(Err(e)) => pb::ModelStreamInferResponse {
+                    error_message: e.message().to_string(),
+                    infer_response: Some(pb::ModelInferResponse {
+                        model_name: name.clone(),
+                        model_version: version.clone(),
+                        ..Default::default()
+                    }),
+                },
+                None if empty_final => pb::ModelStreamInferResponse {
+                    error_message: String::new(),
+                    infer_response: Some(pb::ModelInferResponse {
+                        model_name: name.clone(),
+                        model_version: version.clone(),
+                        ..Default::default()
+                    }),
+                },
+                None => break,
+            };
+            request.stamp(&mut msg, part.last);
+            if tx.send(Ok(msg)).await.is_err() || part.last {
+                break;
+            }
+        }
+        // Dropping the receiver tells a model still sending that the client has gone.
+        drop(parts);
     };
-    echoed
-        .into_iter()
-        .chain([("triton_final_response".to_string(), last)])
+    tokio::join!(run, forward);
+}
+
+fn bool_param(b: bool) -> pb::InferParameter {
+    pb::InferParameter {
+        parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(b)),
+    }
+}
+
+/// What a stream's responses to one request repeat from it.
+pub(super) struct StreamedRequest {
+    /// Its id.
+    id: String,
+    /// Its sequence flags, echoed so that a client running several sequences on one stream can
+    /// tell their responses apart.
+    echoed: Vec<(String, pb::InferParameter)>,
+    /// `triton_enable_empty_final_response`: send the final flag alone when the model's last
+    /// response did not carry it.
+    empty_final: bool,
+}
+
+impl StreamedRequest {
+    pub(super) fn of(req: &pb::ModelInferRequest) -> Self {
+        let echoed = ["sequence_id", "sequence_start", "sequence_end"]
+            .into_iter()
+            .filter_map(|k| req.parameters.get(k).map(|p| (k.to_string(), p.clone())))
+            .collect();
+        let empty_final = matches!(
+            req.parameters
+                .get("triton_enable_empty_final_response")
+                .and_then(|p| p.parameter_choice.as_ref()),
+            Some(pb::infer_parameter::ParameterChoice::BoolParam(true))
+        );
+        StreamedRequest {
+            id: req.id.clone(),
+            echoed,
+            empty_final,
+        }
+    }
+
+    /// `msg` as one of this request's responses: its id if it has none, the echoed flags and
+    /// `triton_final_response`.
+    fn stamp(&self, msg: &mut pb::ModelStreamInferResponse, last: bool) {
+        let r = msg.infer_response.get_or_insert_with(Default::default);
+        if r.id.is_empty() {
+            r.id = self.id.clone();
+        }
+        r.parameters.extend(self.echoed.iter().cloned());
+        r.parameters
+            .insert("triton_final_response".to_string(), bool_param(last));
+    }
 }
 
 /// Sequences of one stream whose last request is remembered for ordering, before finished ones
@@ -130,16 +250,12 @@ pub(super) async fn model_infer(
 ) -> Result<Response<pb::ModelInferResponse>, Status> {
     let parent = trace_parent(r.metadata());
     let scope = shm_scope(r.metadata()).map_err(status)?;
-    infer(
-        &svc.service,
-        r.into_inner(),
-        parent,
-        &scope,
-        codec::take_charge(),
-    )
-    .await
-    .map(Response::new)
-    .map_err(status)
+    let admitted =
+        admit(&svc.service, r.into_inner(), &scope, codec::take_charge()).map_err(status)?;
+    infer(&svc.service, admitted, parent)
+        .await
+        .map(Response::new)
+        .map_err(status)
 }
 
 pub(super) async fn model_stream_infer(
@@ -203,24 +319,26 @@ pub(super) async fn model_stream_infer(
                     let _ = previous.await;
                 }
                 let _done = done;
-                let id = req.id.clone();
-                let flags = stream_flags(&req.parameters);
-                let mut msg = match infer(&service, req, stream_parent, &scope, charged).await {
+                let request = StreamedRequest::of(&req);
+                let admitted = match admit(&service, req, &scope, charged) {
+                    Ok(a) if a.model.config.decoupled() => {
+                        stream_decoupled(&service, a, stream_parent, request, &tx).await;
+                        return;
+                    }
+                    Ok(a) => infer(&service, a, stream_parent).await,
+                    Err(e) => Err(e),
+                };
+                let mut msg = match admitted {
                     Ok(resp) => pb::ModelStreamInferResponse {
                         error_message: String::new(),
                         infer_response: Some(resp),
                     },
                     Err(e) => pb::ModelStreamInferResponse {
                         error_message: e.message().to_string(),
-                        infer_response: Some(pb::ModelInferResponse {
-                            id,
-                            ..Default::default()
-                        }),
+                        infer_response: None,
                     },
                 };
-                if let Some(r) = msg.infer_response.as_mut() {
-                    r.parameters.extend(flags);
-                }
+                request.stamp(&mut msg, true);
                 let _ = tx.send(Ok(msg)).await;
             });
         }

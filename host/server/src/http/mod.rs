@@ -12,6 +12,7 @@
 
 mod admin;
 mod body;
+mod generate;
 
 use admin::{logging_update, repository, shm_scope, system_shared_memory, trace_setting};
 pub(crate) use body::read_body;
@@ -127,10 +128,18 @@ async fn model_route(app: &AppState, rest: &[&str], method: &Method, req: Reques
         (Some("config"), &Method::GET) => model_config(app, model, version),
         (Some("stats"), &Method::GET) => stats(app, Some(model), version),
         (Some("infer"), &Method::POST) => infer(app, model, version, req).await,
+        (Some("generate"), &Method::POST) => {
+            generate::generate(app, model, version, req, false).await
+        }
+        (Some("generate_stream"), &Method::POST) => {
+            generate::generate(app, model, version, req, true).await
+        }
         (Some("ready" | "config" | "stats"), _) | (None, _) => {
             Ok(method_not_allowed(method, "GET"))
         }
-        (Some("infer"), _) => Ok(method_not_allowed(method, "POST")),
+        (Some("infer" | "generate" | "generate_stream"), _) => {
+            Ok(method_not_allowed(method, "POST"))
+        }
         (Some(other), _) => Err(Error::not_found(format!("unknown model action '{other}'")).into()),
     }
 }
@@ -202,6 +211,12 @@ fn model_config(app: &AppState, model: &str, version: Option<&str>) -> ApiResult
 
 async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request) -> ApiResult {
     let m = app.service.model(model, version)?;
+    if m.config.decoupled() {
+        return Err(Error::unsupported(
+            "HTTP end point doesn't support models with decoupled transaction policy",
+        )
+        .into());
+    }
     let (parts, body) = req.into_parts();
     let header_len = match parts.headers.get(HEADER_LEN) {
         None => None,

@@ -79,6 +79,16 @@ pub struct Answer {
     pub binary_default: bool,
 }
 
+/// A request ready for the scheduler, with what its answer needs.
+pub(super) struct Prepared {
+    pub request: InferRequest,
+    pub outputs: Vec<OutputSpec>,
+    pub binary_default: bool,
+    pub shm_scope: super::shm::Scope,
+    /// Bytes read from shared memory, charged to the in-flight budget until the request ends.
+    pub _shm_permit: Option<super::Charge>,
+}
+
 impl Service {
     /// The ready version of `model` that serves a request (`version`: `None` for the policy's
     /// latest).
@@ -98,41 +108,21 @@ impl Service {
         received: Instant,
         trace_parent: Option<wisp_core::trace::TraceParent>,
     ) -> Result<Answer> {
-        // Bytes read from shared memory count against the in-flight budget like a body's.
-        let mut _shm_permit = None;
-        let decoded = match decoded {
-            Ok(mut d) if !d.shm_inputs.is_empty() => self
-                .read_shm_inputs(&mut d, &mut _shm_permit)
-                .await
-                .map(|()| d),
-            other => other,
-        };
-        let checked = decoded.and_then(|mut d| {
-            wisp_core::infer::validate(&d.request, &m.signature)?;
-            d.request.scheduling = Scheduling::from_parameters(&d.request.parameters)?;
-            d.request.sequence = SequenceFlags::from_parameters(&d.request.parameters)?;
-            d.request.trace = self
-                .trace
-                .sample(&m.name, m.version, &d.request.id, trace_parent);
-            if let Some(t) = &d.request.trace {
-                t.mark_ago("REQUEST_START", received.elapsed());
-            }
-            Ok(d)
-        });
-        let Decoded {
+        if m.config.decoupled() {
+            m.stats()
+                .record_failure(FailReason::Other, received.elapsed());
+            return Err(Error::unsupported(format!(
+                "model '{}' has a decoupled transaction policy: it answers on a stream (gRPC ModelStreamInfer, HTTP generate_stream)",
+                m.name
+            )));
+        }
+        let Prepared {
             request,
             outputs,
             binary_default,
             shm_scope,
-            ..
-        } = match checked {
-            Ok(d) => d,
-            Err(e) => {
-                m.stats()
-                    .record_failure(FailReason::Other, received.elapsed());
-                return Err(e);
-            }
-        };
+            _shm_permit,
+        } = self.prepare(&m, decoded, received, trace_parent).await?;
         let id = request.id.clone();
         let trace = request.trace.clone();
         let response = self.run(&m, request).await;
@@ -181,6 +171,53 @@ impl Service {
             binary_default,
             model: m,
         })
+    }
+
+    /// Reads `decoded`'s shared memory inputs, validates it against `m`'s signature and reads
+    /// its scheduling and sequence parameters and trace context. A failure is recorded in the
+    /// model's statistics with the time since `received`.
+    pub(super) async fn prepare(
+        &self,
+        m: &ModelVersion,
+        decoded: Result<Decoded>,
+        received: Instant,
+        trace_parent: Option<wisp_core::trace::TraceParent>,
+    ) -> Result<Prepared> {
+        // Bytes read from shared memory count against the in-flight budget like a body's.
+        let mut shm_permit = None;
+        let decoded = match decoded {
+            Ok(mut d) if !d.shm_inputs.is_empty() => self
+                .read_shm_inputs(&mut d, &mut shm_permit)
+                .await
+                .map(|()| d),
+            other => other,
+        };
+        let checked = decoded.and_then(|mut d| {
+            wisp_core::infer::validate(&d.request, &m.signature)?;
+            d.request.scheduling = Scheduling::from_parameters(&d.request.parameters)?;
+            d.request.sequence = SequenceFlags::from_parameters(&d.request.parameters)?;
+            d.request.trace = self
+                .trace
+                .sample(&m.name, m.version, &d.request.id, trace_parent);
+            if let Some(t) = &d.request.trace {
+                t.mark_ago("REQUEST_START", received.elapsed());
+            }
+            Ok(d)
+        });
+        match checked {
+            Ok(d) => Ok(Prepared {
+                request: d.request,
+                outputs: d.outputs,
+                binary_default: d.binary_default,
+                shm_scope: d.shm_scope,
+                _shm_permit: shm_permit,
+            }),
+            Err(e) => {
+                m.stats()
+                    .record_failure(FailReason::Other, received.elapsed());
+                Err(e)
+            }
+        }
     }
 
     /// Reads the inputs `d` names in shared memory into its request: every region and window

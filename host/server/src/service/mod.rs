@@ -7,6 +7,7 @@
 //!
 //! - [`infer`]: resolve → validate → cache → schedule → select outputs / classify; the one
 //!   writer of front-end failures into statistics.
+//! - [`stream`]: the same for a decoupled model, whose responses stream as it sends them.
 //! - [`query`]: server and model metadata, readiness, configs, statistics and the repository
 //!   index, as plain structs.
 //! - [`control`]: model load and unload with the control-mode and override policy, and log
@@ -18,6 +19,7 @@ pub mod openai;
 pub mod otel;
 pub mod query;
 pub mod shm;
+pub mod stream;
 pub mod trace;
 
 use std::sync::Arc;
