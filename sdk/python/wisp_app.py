@@ -1,5 +1,5 @@
 """The component's entry point (`componentize-py ... componentize wisp_app`): runs the module
-`model`'s `TritonPythonModel` as the `wisp:plugin/plugin@0.2.0` export."""
+`model`'s `TritonPythonModel` as the `wisp:plugin/plugin@0.3.0` export."""
 
 import json
 
@@ -9,7 +9,7 @@ from wit_world.imports import types as _t
 
 import model as _user
 from wisp import _host
-from wisp._api import ModelConfig, Request, TritonError
+from wisp._api import ModelConfig, Request, TritonError, _take_senders_used
 
 
 def _to_value(p):
@@ -50,9 +50,10 @@ class Plugin(exports.Plugin):
     def execute(self, batch):
         requests = [
             Request(r.id, [_host.from_wit_tensor(t) for t in r.inputs], list(r.requested_outputs),
-                    {p.key: _to_value(p) for p in r.parameters})
-            for r in batch
+                    {p.key: _to_value(p) for p in r.parameters}, i)
+            for i, r in enumerate(batch)
         ]
+        _take_senders_used()
         if _MODEL is None:
             err = _t.Error(code=_t.ErrorCode.INTERNAL, message="execute called before init")
             return [Err(err) for _ in batch]
@@ -61,6 +62,10 @@ class Plugin(exports.Plugin):
         except Exception as e:  # noqa: BLE001 - the whole batch fails with the message
             err = _host.to_wit_error(e)
             return [Err(err) for _ in batch]
+        if responses is None and _take_senders_used():
+            # A decoupled model answered through its senders (Triton's execute returns None):
+            # each request not closed yet is closed with the final flag alone.
+            return [Ok(_t.Response(outputs=[])) for _ in batch]
         if responses is None or len(responses) != len(batch):
             n = "no" if responses is None else len(responses)
             err = _t.Error(code=_t.ErrorCode.INTERNAL,

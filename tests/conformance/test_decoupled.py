@@ -49,10 +49,25 @@ def srv(tmp_path_factory):
     plugin(repo, "stream", "plugin_testkit.wasm", STREAM_CONFIG % 30000)
     # one that gives up on a client that does not read within 2 s
     plugin(repo, "stream_short", "plugin_testkit.wasm", STREAM_CONFIG % 2000)
+    # a plugin that calls the decoupled model, and an ensemble with it as a step
+    plugin(repo, "caller", "plugin_testkit.wasm", STREAM_CONFIG.replace(
+        "model_transaction_policy { decoupled: true }", "").replace(
+        '"stream"', '"forward_each"') % 5000
+        + 'parameters { key: "forward_to" value { string_value: "stream" } }\n')
+    os.makedirs(os.path.join(repo, "ens", "1"))
+    with open(os.path.join(repo, "ens", "config.pbtxt"), "w") as f:
+        f.write("""platform: "ensemble"
+max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
+ensemble_scheduling { step [ { model_name: "stream" model_version: -1
+  input_map { key: "INPUT" value: "INPUT" } output_map { key: "OUTPUT" value: "OUTPUT" } } ] }
+""")
     shutil.copytree(os.path.join(ROOT, "model_repo", "vad"), os.path.join(repo, "vad"))
     plugin(repo, "vad_stream", "plugin_vad_stream.wasm",
            open(os.path.join(ROOT, "model_repo", "vad_stream", "config.pbtxt")).read())
-    proc, log, urls = start_wisp(repo, "onnxruntime", "conformance-decoupled.log")
+    proc, log, urls = start_wisp(repo, "onnxruntime", "conformance-decoupled.log",
+                                 ["--strict-readiness=false"])
     yield urls
     stop_wisp(proc, log)
 
@@ -263,3 +278,13 @@ def test_a_client_that_stops_reading_costs_at_most_the_deadline(srv):
         assert time.time() - started < 10
     finally:
         stuck.close()
+
+
+def test_plugins_and_ensembles_cannot_call_a_decoupled_model(srv):
+    h = httpclient.InferenceServerClient(url=srv["url"])
+    with pytest.raises(InferenceServerException) as e:
+        h.infer("caller", int_input(httpclient))
+    assert "model 'stream' is decoupled" in str(e.value)
+    with pytest.raises(InferenceServerException) as e:
+        h.infer("ens", int_input(httpclient))
+    assert "model 'stream' is decoupled" in str(e.value)

@@ -126,7 +126,7 @@ def test_new_build_check_run_serve_from_the_binary_alone(alone, tmp_path, lang):
     assert wasm.is_file() and not (repo / name / "config.pbtxt").exists()
     r = wisp(alone, "check", str(wasm))
     assert r.returncode == 0, r.stdout + r.stderr
-    world = "0.3.0" if lang == "rust" else "0.2.0"
+    world = "0.2.0" if lang == "js" else "0.3.0"
     assert f"world: wisp:plugin@{world}" in r.stdout and r.stdout.strip().endswith("ok"), r.stdout
     assert "describes itself: max_batch_size 8" in r.stdout, r.stdout
     r = wisp(alone, "run", str(wasm), "--input", 'TEXT=["wisp"]')

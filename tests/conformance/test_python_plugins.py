@@ -1,6 +1,7 @@
 """Python plugins (plugins/python/, built with componentize-py by `./dev plugins`) served as
 wasm models and called with NVIDIA's clients: a text normalizer that describes itself (no
-config.pbtxt) and a BLS plugin that calls an ONNX model with its whole batch at once."""
+config.pbtxt), a BLS plugin that calls an ONNX model with its whole batch at once, and a
+decoupled plugin that streams its responses through `get_response_sender()`."""
 import os
 import shutil
 import threading
@@ -33,6 +34,10 @@ def python_plugins(tmp_path_factory):
     shutil.copy(component("add-sub-bls"), os.path.join(repo, "add_sub_bls", "1", "model.wasm"))
     shutil.copy(os.path.join(ROOT, "plugins", "python", "add-sub-bls", "config.pbtxt"),
                 os.path.join(repo, "add_sub_bls", "config.pbtxt"))
+    os.makedirs(os.path.join(repo, "repeat", "1"))
+    shutil.copy(component("repeat"), os.path.join(repo, "repeat", "1", "model.wasm"))
+    shutil.copy(os.path.join(ROOT, "plugins", "python", "repeat", "config.pbtxt"),
+                os.path.join(repo, "repeat", "config.pbtxt"))
     cache = tmp_path_factory.mktemp("wasm_cache")
     proc, log, urls = start_wisp(repo, "tract", "conformance-python.log",
                                  ["--wasm-cache-dir", str(cache)], ready_within=300)
@@ -87,3 +92,35 @@ def test_a_python_bls_plugin_calls_a_model_with_its_batch(python_plugins):
     after = httpclient.InferenceServerClient(url=python_plugins["url"]).get_inference_statistics(
         "add_sub")["model_stats"][0]
     assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == 16
+
+
+def test_a_decoupled_python_plugin_streams_through_its_response_sender(python_plugins):
+    import json
+    import queue
+
+    import httpx
+    import httpx_sse
+
+    results = queue.Queue()
+    c = grpcclient.InferenceServerClient(url=python_plugins["grpc_url"])
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        i = grpcclient.InferInput("IN", [3], "INT32")
+        i.set_data_from_numpy(np.array([7, 8, 9], dtype=np.int32))
+        c.async_stream_infer("repeat", [i], enable_empty_final_response=True)
+        got = []
+        while True:
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            if result.get_response().outputs:
+                got.append((int(result.as_numpy("OUT")[0]), int(result.as_numpy("IDX")[0])))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        c.stop_stream()
+    assert got == [(7, 0), (8, 1), (9, 2)]
+    with httpx.Client(timeout=60) as h:
+        url = f"http://{python_plugins['url']}/v2/models/repeat/generate_stream"
+        with httpx_sse.connect_sse(h, "POST", url, json={"IN": [1, 2]}) as events:
+            got = [json.loads(e.data) for e in events.iter_sse()]
+    assert [(e["OUT"], e["IDX"]) for e in got] == [(1, 0), (2, 1)]

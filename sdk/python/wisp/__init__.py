@@ -1,4 +1,4 @@
-"""Wisp plugins in Python: the guest side of `wisp:plugin@0.2.0`, with Triton's Python-backend
+"""Wisp plugins in Python: the guest side of `wisp:plugin@0.3.0`, with Triton's Python-backend
 API (`triton_python_backend_utils`), so that a Triton `model.py` whose logic is plain Python
 runs as a sandboxed WebAssembly component.
 
@@ -31,6 +31,8 @@ from wisp._api import (
     InferenceRequest,
     InferenceResponse,
     Request,
+    ResponseSender,
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     Logger,
     ModelConfig,
     get_input_tensor_by_name,
@@ -46,6 +48,8 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "Request",
+    "ResponseSender",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
     "Logger",
     "ModelConfig",
     "get_input_tensor_by_name",

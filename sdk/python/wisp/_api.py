@@ -1,5 +1,5 @@
-"""Triton's Python-backend API over `wisp:plugin@0.2.0`: requests, responses, errors, calls to
-other models (BLS), logging and `auto_complete_config`."""
+"""Triton's Python-backend API over `wisp:plugin@0.3.0`: requests, responses, errors, calls to
+other models (BLS), a decoupled model's response senders, logging and `auto_complete_config`."""
 
 import json
 
@@ -37,14 +37,27 @@ class TritonModelException(TritonError):
     """Triton's exception for a failed model call (raise it from `execute`)."""
 
 
-class Request:
-    """One request `execute` receives, as Triton's `pb_utils.InferenceRequest` on that side."""
+# `ResponseSender.send` flags, as Triton's.
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
-    def __init__(self, request_id, inputs, requested_output_names, parameters):
+
+class Request:
+    """One request `execute` receives, as Triton's `pb_utils.InferenceRequest` on that side.
+    `index` is its place in the batch (what a decoupled model's sender names)."""
+
+    def __init__(self, request_id, inputs, requested_output_names, parameters, index=0):
         self._id = request_id
         self._inputs = inputs
         self._requested = requested_output_names
         self._parameters = parameters
+        self._index = index
+
+    def get_response_sender(self):
+        """The sender of this request's responses, for a decoupled model
+        (`model_transaction_policy { decoupled: true }`), as in Triton."""
+        global _SENDERS_USED
+        _SENDERS_USED = True
+        return ResponseSender(self._index)
 
     def inputs(self):
         """Every input tensor."""
@@ -68,6 +81,41 @@ class Request:
             if t.name() == name:
                 return t
         return None
+
+
+_SENDERS_USED = False
+
+
+def _take_senders_used():
+    """Whether `execute` asked for a response sender since the last call (wisp_app's check)."""
+    global _SENDERS_USED
+    used, _SENDERS_USED = _SENDERS_USED, False
+    return used
+
+
+class ResponseSender:
+    """Sends a decoupled model's responses to one request while `execute` runs, as Triton's
+    `InferenceResponseSender`: `send(response)` for each, then
+    `send(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)` (or the last response with that flag).
+    `execute` then returns None. A failed send (the client has gone, a response that does not
+    match the config, a send after the final one) raises `TritonError`."""
+
+    def __init__(self, index):
+        self._index = index
+
+    def send(self, response=None, flags=0):
+        """Sends `response` (an `InferenceResponse`, or None with the final flag alone)."""
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonError("send: a response is required unless flags has "
+                              "TRITONSERVER_RESPONSE_COMPLETE_FINAL", TritonError.INVALID_ARG)
+        from wisp import _host
+        _host.send(self._index, response, final)
+
+    def is_cancelled(self):
+        """Whether the request's client has gone: stop working on it."""
+        from wisp import _host
+        return _host.is_cancelled(self._index)
 
 
 class InferenceResponse:

@@ -7,6 +7,7 @@ from wisp._tensor import Tensor
 try:
     from wit_world.imports import logging as _logging
     from wit_world.imports import models as _models
+    from wit_world.imports import responses as _responses
     from wit_world.imports import types as _t
     from componentize_py_types import Err, Ok
 
@@ -88,3 +89,29 @@ def log(level, message):
         print(f"[{level}] {message}")
         return
     _logging.log(_logging.Level[level.upper()], str(message))
+
+
+def send(index, response, final):
+    """One `responses.send` call (or, natively, a record for `wisp.testing.sent`)."""
+    if not INSIDE:
+        from wisp import testing
+
+        testing._SENT.append((index, response, final))
+        return
+    if response is None:
+        wit = None
+    elif response.has_error():
+        wit = Err(to_wit_error(response.error()))
+    else:
+        wit = Ok(_t.Response(outputs=[to_wit_tensor(t) for t in response.output_tensors()]))
+    try:
+        _responses.send(index, wit, final)
+    except Err as e:
+        raise from_wit_error(e.value)
+
+
+def is_cancelled(index):
+    """Whether request `index`'s client has gone (never, natively)."""
+    if not INSIDE:
+        return False
+    return _responses.is_cancelled(index)

@@ -1,8 +1,18 @@
 """Native tests for plugins that call models: `serve("model", fn)` answers calls to that model
-with `fn(request) -> InferenceResponse` (outside the server only)."""
+with `fn(request) -> InferenceResponse` (outside the server only); `sent()` is what a decoupled
+model's response senders sent."""
 
 _MODELS = {}
 _CALLS = {}
+_SENT = []
+
+
+def sent():
+    """What decoupled senders sent since the last call: `(request index, InferenceResponse or
+    None, final)` tuples, in order (taken)."""
+    out = list(_SENT)
+    _SENT.clear()
+    return out
 
 
 def serve(model, fn):
@@ -17,9 +27,10 @@ def calls(model):
 
 
 def clear():
-    """Forgets every registered model."""
+    """Forgets every registered model and sent response."""
     _MODELS.clear()
     _CALLS.clear()
+    _SENT.clear()
 
 
 def _call(model, requests):

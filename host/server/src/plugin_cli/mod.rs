@@ -218,7 +218,7 @@ fn build(dir: &Path, out: &Path) -> anyhow::Result<PathBuf> {
             .arg(kit::wit_dir(&dir, scratch.path())?)
             .args([
                 "-w",
-                "wisp:plugin/model@0.2.0",
+                "wisp:plugin/model@0.3.0",
                 "componentize",
                 "wisp_app",
                 "-p",
