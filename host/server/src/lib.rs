@@ -12,20 +12,20 @@ mod resolved;
 use resolved::Resolved;
 
 pub mod alloc;
-pub mod cache;
+pub use wisp_service::cache;
 pub mod cli;
 pub mod coalesce;
 pub mod conn;
 pub mod embed;
 pub mod grpc;
 pub mod http;
-pub mod logging;
+pub use wisp_service::logging;
 pub mod metrics;
 pub mod plugin_cli;
 #[cfg(feature = "object-store")]
 pub mod remote;
 pub mod restricted;
-pub mod service;
+pub use wisp_service as service;
 pub mod settings;
 pub mod systemd;
 pub mod tls;
@@ -56,16 +56,16 @@ pub(crate) struct Remotes {
 }
 
 impl Remotes {
-    /// No object-store repository is configured.
-    #[cfg(feature = "object-store")]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.repos.is_empty()
-    }
-
-    /// No object-store repository is configured.
-    #[cfg(not(feature = "object-store"))]
-    pub(crate) fn is_empty(&self) -> bool {
-        true
+    /// The mirrors as the service's repository sources (an explicit load syncs its model).
+    fn sources(&self) -> Vec<Arc<dyn service::RepositorySource>> {
+        #[cfg(feature = "object-store")]
+        return self
+            .repos
+            .iter()
+            .map(|r| r.clone() as Arc<dyn service::RepositorySource>)
+            .collect();
+        #[cfg(not(feature = "object-store"))]
+        Vec::new()
     }
 
     /// Poll mode: brings every mirror up to date before the registry polls.
@@ -77,18 +77,20 @@ impl Remotes {
             }
         }
     }
+}
 
-    /// Explicit mode: brings `model`'s mirrored copy up to date before it loads, as Triton
-    /// fetches a cloud model on load. A failure is logged and the mirrored copy loads.
-    pub(crate) async fn sync_model(&self, model: &str) {
-        #[cfg(feature = "object-store")]
-        for r in &self.repos {
-            if let Err(e) = r.sync_model(model).await {
+#[cfg(feature = "object-store")]
+impl service::RepositorySource for remote::RemoteRepo {
+    /// A failure is logged and the mirrored copy loads.
+    fn sync_model<'a>(
+        &'a self,
+        model: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(async move {
+            if let Err(e) = remote::RemoteRepo::sync_model(self, model).await {
                 tracing::error!(model, error = %e, "object-store repository sync failed; loading what was mirrored");
             }
-        }
-        #[cfg(not(feature = "object-store"))]
-        let _ = model;
+        })
     }
 }
 
@@ -270,7 +272,7 @@ impl Core {
             )),
             shm: service::shm::SharedMemory::new(&settings.shm_key_prefix, settings.shm_max_bytes)
                 .requiring_token(settings.shm_require_token),
-            remotes: remotes.clone(),
+            remotes: remotes.sources(),
             trace: service::trace::TraceControl::new(
                 trace.settings.clone(),
                 match trace.settings.otel() {

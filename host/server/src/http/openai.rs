@@ -111,12 +111,14 @@ pub(crate) struct EmbeddingsBody {
 
 pub(crate) fn parse(body: &[u8]) -> Result<EmbeddingsBody, ApiFailure> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiFailure::invalid_body(format!("the request body is not valid JSON: {e}"))
+        ApiFailure::from(Error::invalid(format!(
+            "the request body is not valid JSON: {e}"
+        )))
     })?;
     let Value::Object(mut fields) = value else {
-        return Err(ApiFailure::invalid_body(
+        return Err(ApiFailure::from(Error::invalid(
             "the request body must be a JSON object",
-        ));
+        )));
     };
     let model = match fields.remove("model") {
         Some(Value::String(m)) if !m.is_empty() => m,
@@ -199,16 +201,6 @@ pub(crate) fn parse(body: &[u8]) -> Result<EmbeddingsBody, ApiFailure> {
         encoding,
         dimensions,
     })
-}
-
-impl ApiFailure {
-    fn invalid_body(message: impl Into<String>) -> ApiFailure {
-        ApiFailure {
-            error: Error::invalid(message),
-            param: None,
-            code: None,
-        }
-    }
 }
 
 #[derive(Serialize)]

@@ -38,7 +38,7 @@ pub fn cgroup_memory_max() -> Option<u64> {
 pub const DEFAULT_SHM_KEY_PREFIX: &str = "wisp";
 
 /// Default `--shm-max-bytes`: 1 GiB of registered system shared memory.
-pub const DEFAULT_SHM_MAX_BYTES: u64 = 1 << 30;
+pub const DEFAULT_SHM_MAX_BYTES: u64 = wisp_service::shm::DEFAULT_MAX_BYTES;
 /// Default gRPC port (Triton's).
 pub const DEFAULT_GRPC_PORT: u16 = 8001;
 /// Default largest gRPC message, both directions.
@@ -120,17 +120,7 @@ pub enum WasmCompilerChoice {
     Pulley,
 }
 
-/// How models are loaded and changed at run time (Triton's `--model-control-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ControlMode {
-    /// Load every model at start-up; the load/unload APIs are refused.
-    None,
-    /// Load every model at start-up, then follow repository changes every
-    /// `--repository-poll-secs`; the load/unload APIs are refused.
-    Poll,
-    /// Load only `--load-model` models at start-up; the load/unload APIs change models.
-    Explicit,
-}
+pub use wisp_service::ControlMode;
 
 /// Everything `wisp serve` is configured with.
 #[derive(Debug, Clone, clap::Args)]

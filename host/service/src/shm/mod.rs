@@ -99,10 +99,13 @@ pub struct SharedMemory {
     max_bytes: u64,
 }
 
+/// The shared memory a server lets clients register by default (`--shm-max-bytes`): 1 GiB.
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+
 impl Default for SharedMemory {
     /// Any shm object, and at most the default 1 GiB registered.
     fn default() -> Self {
-        SharedMemory::new("", crate::settings::DEFAULT_SHM_MAX_BYTES)
+        SharedMemory::new("", DEFAULT_MAX_BYTES)
     }
 }
 

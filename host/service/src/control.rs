@@ -5,7 +5,7 @@ use wisp_core::{Error, Result};
 
 use super::Service;
 use crate::logging::LogSettings;
-use crate::settings::ControlMode;
+use crate::ControlMode;
 
 /// Where a load or unload request came from: the control plane is off by default on the
 /// network front ends in explicit mode (see [`NetworkControl`]), never for the embedding API.
@@ -223,7 +223,9 @@ impl Service {
             if depth > crate::models::MAX_ENSEMBLE_DEPTH || !seen.insert(name.clone()) {
                 continue;
             }
-            self.remotes.sync_model(&name).await;
+            for source in &self.remotes {
+                source.sync_model(&name).await;
+            }
             let registry = self.registry.clone();
             let steps = tokio::task::spawn_blocking(move || {
                 registry.unloaded_steps(&name, config.as_deref())

@@ -1,6 +1,6 @@
 //! The OpenAI-compatible embeddings API, protocol-neutral: which served models it exposes, and
 //! how a list of texts becomes inference requests and comes back as vectors and token counts.
-//! [`crate::http::openai`] is its codec (`POST /v1/embeddings`, `GET /v1/models`).
+//! `wisp_server::http::openai` is its codec (`POST /v1/embeddings`, `GET /v1/models`).
 //!
 //! Nothing here knows a particular model. A model joins the API through its config's
 //! parameters:

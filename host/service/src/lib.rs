@@ -1,6 +1,6 @@
 //! The protocol-neutral service layer: what Triton's in-process C API is to its front ends.
 //!
-//! HTTP ([`crate::http`]) and gRPC ([`crate::grpc`]) are codecs over one [`Service`]: they parse
+//! HTTP and gRPC (`wisp-server`'s `http` and `grpc`) are codecs over one [`Service`]: they parse
 //! their wire format, call it, and encode what it returns, each mapping errors to statuses in
 //! one table. Everything a protocol does not dictate lives here, once, so the two give identical
 //! answers to identical questions:
@@ -13,8 +13,10 @@
 //! - [`control`]: model load and unload with the control-mode and override policy, and log
 //!   settings.
 
+pub mod cache;
 pub mod control;
 pub mod infer;
+pub mod logging;
 pub mod openai;
 pub mod otel;
 pub mod query;
@@ -22,12 +24,16 @@ pub mod shm;
 pub mod stream;
 pub mod trace;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::cache::ResponseCache;
 use crate::logging::LogControl;
 use crate::models::Registry;
-use crate::settings::ControlMode;
+
+/// The model registry and what it is made of (`wisp-models`).
+pub use wisp_models as models;
 
 pub use infer::{Answer, Decoded, OutputSpec, ShmInput, MAX_CLASSIFICATION};
 
@@ -75,8 +81,30 @@ pub struct Service {
     pub shm: shm::SharedMemory,
     /// Trace settings and finished traces (the trace extension).
     pub trace: trace::TraceControl,
-    /// Object-store repositories, whose mirrors an explicit load brings up to date.
-    pub(crate) remotes: crate::Remotes,
+    /// Repositories mirrored from elsewhere (object storage), whose copies an explicit load
+    /// brings up to date first.
+    pub remotes: Vec<Arc<dyn RepositorySource>>,
+}
+
+/// A model repository whose files live elsewhere (an object store) and are mirrored into the
+/// local directory the registry loads from. An explicit load brings the model's mirrored copy
+/// up to date first, as Triton fetches a cloud model on load.
+pub trait RepositorySource: Send + Sync {
+    /// Brings `model`'s mirrored copy up to date. A failure is the source's to log: the
+    /// mirrored copy then loads as it is.
+    fn sync_model<'a>(&'a self, model: &'a str) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+}
+
+/// How models are loaded and changed at run time (Triton's `--model-control-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControlMode {
+    /// Load every model at start-up; the load/unload APIs are refused.
+    None,
+    /// Load every model at start-up, then follow repository changes every
+    /// `--repository-poll-secs`; the load/unload APIs are refused.
+    Poll,
+    /// Load only `--load-model` models at start-up; the load/unload APIs change models.
+    Explicit,
 }
 
 /// A request's share of the in-flight budget, grown as its memory grows (a body as it arrives

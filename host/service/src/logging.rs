@@ -60,6 +60,7 @@ impl LogSettings {
             "wisp_backend_onnx",
             "wisp_plugin_runtime",
             "wisp_models",
+            "wisp_service",
         ];
         let mut f = String::from("warn");
         for c in crates {
