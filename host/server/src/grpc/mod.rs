@@ -287,4 +287,83 @@ mod tests {
         assert!(prost::Message::encoded_len(&c) < 2 << 20);
         assert_eq!(decoded_bytes(&c), (8 << 20) + 10 + 7);
     }
+
+    /// The service trait called directly (no socket) over the fixture repository: its codes
+    /// and messages for the common failures.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_service_trait_answers_with_tritons_codes() {
+        let repo =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/repo");
+        let mut settings = crate::settings::Settings::for_repository(repo);
+        settings.onnx_engine = crate::settings::OnnxEngine::Tract;
+        let wisp = crate::embed::Embedded::open(settings).await.unwrap();
+        let svc = GrpcService::new(wisp.service().clone(), 4);
+        let live = svc
+            .server_live(Request::new(pb::ServerLiveRequest {}))
+            .await
+            .unwrap();
+        assert!(live.into_inner().live);
+        let ready = svc
+            .model_ready(Request::new(pb::ModelReadyRequest {
+                name: "nope".into(),
+                version: String::new(),
+            }))
+            .await
+            .unwrap();
+        assert!(!ready.into_inner().ready, "unknown: not ready, and OK");
+        let infer = |model: &str, n: usize| pb::ModelInferRequest {
+            model_name: model.into(),
+            inputs: ["INPUT0", "INPUT1"]
+                .into_iter()
+                .map(|name| pb::model_infer_request::InferInputTensor {
+                    name: name.into(),
+                    datatype: "FP32".into(),
+                    shape: vec![1, n as i64],
+                    contents: Some(pb::InferTensorContents {
+                        fp32_contents: vec![1.0; n],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let ok = svc
+            .model_infer(Request::new(infer("add_sub", 16)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(ok.outputs.len(), 2);
+        let e = svc
+            .model_infer(Request::new(infer("nope", 16)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound);
+        assert!(e
+            .message()
+            .contains("Request for unknown model: 'nope' is not found"));
+        let e = svc
+            .model_infer(Request::new(infer("add_sub", 15)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{}", e.message());
+        assert!(e.message().contains("INPUT0"), "{}", e.message());
+        let e = svc
+            .model_metadata(Request::new(pb::ModelMetadataRequest {
+                name: "add_sub".into(),
+                version: "9".into(),
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound);
+        let e = svc
+            .repository_model_unload(Request::new(pb::RepositoryModelUnloadRequest {
+                model_name: "add_sub".into(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{}", e.message());
+        wisp.shutdown().await.unwrap();
+    }
 }

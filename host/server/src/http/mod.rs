@@ -21,6 +21,8 @@ use body::{decode_cost, INLINE_DECODE_BYTES};
 pub mod codec;
 pub mod error;
 pub mod openai;
+#[cfg(test)]
+mod tests;
 
 use std::io::Read;
 use std::sync::Arc;
