@@ -5,6 +5,7 @@
 //! executes a whole batch of requests at a time, as in Triton's backend API.
 
 use std::path::Path;
+use std::time::Instant;
 
 use crate::config::{ModelIo, ModelSpec};
 use crate::error::Result;
@@ -67,4 +68,33 @@ pub struct ExecTiming {
     pub infer_ns: u64,
     /// Converting and splitting outputs.
     pub output_ns: u64,
+}
+
+/// How plugins (and ensembles) reach the server's models: implemented by the registry
+/// (`wisp-models`), called by the wasm backend's `models` and wasi-nn hosts.
+pub trait ModelCaller: Send + Sync {
+    /// Checks that `model` (at `version`, else its default version) is served and ready.
+    fn check(&self, model: &str, version: Option<&str>) -> Result<()>;
+    /// Runs `request` through `model`'s scheduler, waiting at most until `deadline`. A traced
+    /// plugin request's calls carry its trace in `request.trace`, for the caller to record the
+    /// call under.
+    fn infer(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        request: InferRequest,
+        deadline: Instant,
+    ) -> Result<InferResponse>;
+
+    /// Runs `requests` through `model`'s scheduler all at once (so they batch), waiting at
+    /// most until `deadline`: one result per request, in order. The outer error is for the
+    /// call as a whole (an unknown or unready model). Traced requests carry their parent trace
+    /// in `request.trace`, as in [`ModelCaller::infer`].
+    fn infer_batch(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        requests: Vec<InferRequest>,
+        deadline: Instant,
+    ) -> Result<Vec<Result<InferResponse>>>;
 }

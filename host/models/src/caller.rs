@@ -4,11 +4,11 @@
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
+use wisp_core::backend::ModelCaller;
 use wisp_core::config::Signature;
 use wisp_core::infer::{Scheduling, SequenceFlags};
 use wisp_core::trace::Trace;
 use wisp_core::{Error, InferRequest, InferResponse, Result};
-use wisp_plugin_runtime::ModelCaller;
 
 use super::{ModelVersion, Registry};
 

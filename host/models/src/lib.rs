@@ -8,15 +8,15 @@
 //! - [`warmup`]: `model_warmup` samples;
 //! - [`rollout`]: the SLA watch after a reload, and the swap back on a breach;
 //! - [`fingerprint`](mod@fingerprint): what poll mode compares;
-//! - [`backends`], [`ensemble`], [`caller`]: the backend the registry loads with, and the way
-//!   plugins and ensemble steps call models back through it;
+//! - [`ensemble`], [`caller`]: the ensemble backend, and the way plugins and ensemble steps
+//!   call models back through the registry (the server hands the registry its backends:
+//!   ONNX, wasm and this ensemble one, behind `wisp_core::backend::Backend`);
 //! - [`host_policy`]: where each instance's thread runs (`--host-policy`);
 //! - [`signing`]: signed model versions, checked before load (`--model-verify-key`).
 //!
 //! Nothing here knows about HTTP, gRPC or the Prometheus exporter: per-request observers come in
 //! through [`Observers`].
 
-pub mod backends;
 pub mod caller;
 mod cycle;
 pub mod ensemble;

@@ -279,12 +279,7 @@ pub(super) fn prepare_config_from(
                 ..Default::default()
             },
         };
-        wisp_plugin_runtime::limits::check_override_narrows(
-            &base,
-            &spec.config,
-            sandbox,
-            &dir.path,
-        )?;
+        wisp_core::config::params::check_override_narrows(&base, &spec.config, sandbox, &dir.path)?;
     }
     Ok((spec, verified))
 }

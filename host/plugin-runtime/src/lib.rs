@@ -38,39 +38,13 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wisp_core::backend::{Backend, Instance, LoadedModel};
 use wisp_core::config::{ModelIo, ModelSpec};
 use wisp_core::env::{EnvSource, ProcessEnv};
-use wisp_core::{Error, InferRequest, InferResponse, Result};
+use wisp_core::{Error, Result};
 
 pub use engine::{CompileSource, Engines, WasmCompiler};
 pub use instance::Failure;
 pub use limits::Limits;
 
-/// How plugins reach the server's models through wasi-nn.
-pub trait ModelCaller: Send + Sync {
-    /// Checks that `model` (at `version`, else its default version) is served and ready.
-    fn check(&self, model: &str, version: Option<&str>) -> Result<()>;
-    /// Runs `request` through `model`'s scheduler, waiting at most until `deadline`. A traced
-    /// plugin request's calls carry its trace in `request.trace`, for the caller to record the
-    /// call under.
-    fn infer(
-        &self,
-        model: &str,
-        version: Option<&str>,
-        request: InferRequest,
-        deadline: Instant,
-    ) -> Result<InferResponse>;
-
-    /// Runs `requests` through `model`'s scheduler all at once (so they batch), waiting at
-    /// most until `deadline`: one result per request, in order. The outer error is for the
-    /// call as a whole (an unknown or unready model). Traced requests carry their parent trace
-    /// in `request.trace`, as in [`ModelCaller::infer`].
-    fn infer_batch(
-        &self,
-        model: &str,
-        version: Option<&str>,
-        requests: Vec<InferRequest>,
-        deadline: Instant,
-    ) -> Result<Vec<Result<InferResponse>>>;
-}
+pub use wisp_core::backend::ModelCaller;
 
 /// Plugin failures by (model, version, reason), for `wisp_plugin_failure_total`.
 #[derive(Debug, Default)]

@@ -7,6 +7,7 @@
 //! stops accepting, lets in-flight requests finish, then drains and stops every model's
 //! scheduler.
 
+mod backends;
 mod resolved;
 
 use resolved::Resolved;
@@ -213,7 +214,7 @@ impl Core {
         let (roots, remotes) = mirror_remote_repositories(settings).await?;
         let registry = Arc::new(Registry::new(
             roots,
-            Arc::new(models::backends::Backends {
+            Arc::new(backends::Backends {
                 onnx: backend,
                 wasm,
                 ensemble: models::ensemble::EnsembleBackend::new(caller.clone()),

@@ -14,7 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{ConfigError, ModelConfig};
+
+mod narrow;
 use crate::datatype::DataType;
+pub use narrow::check_override_narrows;
 
 /// Per-instance linear-memory cap (`wasm.memory_limit_mb`, default 256).
 pub const MEMORY_LIMIT_KEY: &str = "wasm.memory_limit_mb";

@@ -17,7 +17,7 @@ pub struct Backends {
     /// Plugins.
     pub wasm: WasmBackend,
     /// Ensembles.
-    pub ensemble: super::ensemble::EnsembleBackend,
+    pub ensemble: crate::models::ensemble::EnsembleBackend,
 }
 
 impl Backend for Backends {
