@@ -5,6 +5,7 @@ mod common;
 mod corpus;
 mod embed;
 mod ensembles;
+mod fake_caller;
 mod hardening;
 mod http_api;
 mod management;

@@ -89,6 +89,49 @@ impl RegistryCaller {
     }
 }
 
+/// How an ensemble reaches its composing models: the registry ([`RegistryCaller`]) when
+/// served, a fake in tests.
+pub trait StepCaller: Send + Sync {
+    /// The signature of a served, ready model.
+    fn signature(&self, model: &str, version: Option<&str>) -> Result<Arc<Signature>>;
+    /// The labels of `model`'s `output` as loaded now, when it has any.
+    fn labels(&self, model: &str, version: Option<&str>, output: &str) -> Option<Arc<Vec<String>>>;
+    /// Queues `request` on `model`; `respond` gets the outcome. An error is the request's
+    /// refusal (the model is not served, or the request does not fit it): `respond` is not
+    /// called then.
+    fn submit(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        request: InferRequest,
+        respond: wisp_scheduler::Responder,
+    ) -> Result<()>;
+}
+
+impl StepCaller for RegistryCaller {
+    fn signature(&self, model: &str, version: Option<&str>) -> Result<Arc<Signature>> {
+        RegistryCaller::signature(self, model, version)
+    }
+
+    fn labels(&self, model: &str, version: Option<&str>, output: &str) -> Option<Arc<Vec<String>>> {
+        self.version(model, version)
+            .ok()?
+            .labels
+            .get(output)
+            .cloned()
+    }
+
+    fn submit(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        request: InferRequest,
+        respond: wisp_scheduler::Responder,
+    ) -> Result<()> {
+        RegistryCaller::submit(self, model, version, request, respond)
+    }
+}
+
 /// A traced call's child trace, started, for the version that serves it (`request.trace`
 /// holds the caller's trace).
 fn start_child(m: &ModelVersion, request: &mut InferRequest) -> Option<Arc<Trace>> {

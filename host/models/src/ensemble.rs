@@ -18,16 +18,17 @@ use wisp_core::config::{ModelIo, ModelSpec, Signature};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result};
 use wisp_scheduler::ensemble::{Plan, Progress, Run, Shapes, Step};
 
-use super::caller::RegistryCaller;
+use super::caller::StepCaller;
 
 /// Loads ensembles (their composing models must already be loaded).
 pub struct EnsembleBackend {
-    caller: Arc<RegistryCaller>,
+    caller: Arc<dyn StepCaller>,
 }
 
 impl EnsembleBackend {
-    /// Ensembles whose steps reach models through `caller`.
-    pub fn new(caller: Arc<RegistryCaller>) -> Self {
+    /// Ensembles whose steps reach models through `caller` (the registry's
+    /// [`RegistryCaller`](super::caller::RegistryCaller) when served).
+    pub fn new(caller: Arc<dyn StepCaller>) -> Self {
         EnsembleBackend { caller }
     }
 }
@@ -64,7 +65,7 @@ fn dims_compatible(a: &[i64], b: &[i64]) -> bool {
 
 /// Checks every mapping against the composing models' signatures; returns every problem, or
 /// the shapes the batch conversion between steps needs (see [`wisp_scheduler::ensemble::reshape`]).
-fn check_types(sig: &Signature, steps: &[Step], caller: &RegistryCaller) -> Result<Vec<Shapes>> {
+fn check_types(sig: &Signature, steps: &[Step], caller: &dyn StepCaller) -> Result<Vec<Shapes>> {
     let mut errs = Vec::new();
     let mut known: HashMap<String, Spec> = sig
         .inputs
@@ -223,7 +224,7 @@ impl Backend for EnsembleBackend {
         let inputs: Vec<String> = config.input.iter().map(|i| i.name.clone()).collect();
         let outputs: Vec<String> = config.output.iter().map(|o| o.name.clone()).collect();
         let plan = Plan::new(&config.name, &inputs, &outputs, steps)?;
-        let step_shapes = check_types(&spec.signature, plan.steps(), &self.caller)?;
+        let step_shapes = check_types(&spec.signature, plan.steps(), &*self.caller)?;
         let sig = &spec.signature;
         let ensemble_shapes = Shapes {
             batching: sig.batches(),
@@ -235,7 +236,7 @@ impl Backend for EnsembleBackend {
                 .collect(),
         };
         let plan = plan.with_shapes(ensemble_shapes, step_shapes)?;
-        let labels = producer_labels(plan.steps(), &outputs, &self.caller);
+        let labels = producer_labels(plan.steps(), &outputs, &*self.caller);
         Ok(Box::new(EnsembleModel {
             name: config.name.as_str().into(),
             plan: Arc::new(plan),
@@ -250,7 +251,7 @@ impl Backend for EnsembleBackend {
 fn producer_labels(
     steps: &[Step],
     outputs: &[String],
-    caller: &RegistryCaller,
+    caller: &dyn StepCaller,
 ) -> Vec<(String, Arc<Vec<String>>)> {
     let mut found = Vec::new();
     for output in outputs {
@@ -262,10 +263,8 @@ fn producer_labels(
             continue;
         };
         let version = step.version.map(|v| v.to_string());
-        if let Ok(m) = caller.version(&step.model, version.as_deref()) {
-            if let Some(labels) = m.labels.get(out) {
-                found.push((output.clone(), labels.clone()));
-            }
+        if let Some(labels) = caller.labels(&step.model, version.as_deref(), out) {
+            found.push((output.clone(), labels));
         }
     }
     found
@@ -274,7 +273,7 @@ fn producer_labels(
 struct EnsembleModel {
     name: Arc<str>,
     plan: Arc<Plan>,
-    caller: Arc<RegistryCaller>,
+    caller: Arc<dyn StepCaller>,
     labels: Vec<(String, Arc<Vec<String>>)>,
 }
 
@@ -309,7 +308,7 @@ struct EnsembleInstance {
     /// The ensemble's name, on the call path of its steps' requests.
     name: Arc<str>,
     plan: Arc<Plan>,
-    caller: Arc<RegistryCaller>,
+    caller: Arc<dyn StepCaller>,
 }
 
 type Completion = (usize, usize, Result<InferResponse>);

@@ -448,6 +448,7 @@ fn unload_dependents_unloads_what_only_the_ensemble_used() {
     assert!(r.models().is_empty());
 }
 
+mod fake_steps;
 mod sla;
 
 fn counts(r: &Registry, name: &str) -> rollout::LifecycleCounts {
