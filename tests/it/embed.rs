@@ -2,7 +2,6 @@
 //! server, with no sockets.
 
 use wisp_core::{DataType, ErrorKind, InferRequest, Tensor};
-use wisp_server::embed::Embedded;
 use wisp_server::settings::{ControlMode, OnnxEngine, Settings};
 use wisp_tests::fixture_repo;
 
@@ -21,7 +20,9 @@ fn add_sub_inputs(a: f32, b: f32) -> Vec<Tensor> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn infers_in_process_with_the_servers_validation_and_statistics() {
-    let wisp = Embedded::open(settings(&fixture_repo())).await.unwrap();
+    let wisp = wisp_server::embed::open(settings(&fixture_repo()))
+        .await
+        .unwrap();
     assert!(wisp.model_ready("add_sub", None));
     assert!(wisp
         .models()
@@ -111,7 +112,9 @@ async fn loads_and_unloads_in_explicit_mode_only() {
     )
     .unwrap();
 
-    let wisp = Embedded::open(settings(repo.path())).await.unwrap();
+    let wisp = wisp_server::embed::open(settings(repo.path()))
+        .await
+        .unwrap();
     let e = wisp.unload("add_sub").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable);
     assert!(
@@ -123,7 +126,7 @@ async fn loads_and_unloads_in_explicit_mode_only() {
 
     let mut s = settings(repo.path());
     s.model_control_mode = ControlMode::Explicit;
-    let wisp = Embedded::open(s).await.unwrap();
+    let wisp = wisp_server::embed::open(s).await.unwrap();
     assert!(
         !wisp.model_ready("add_sub", None),
         "explicit mode starts empty"

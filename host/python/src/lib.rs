@@ -9,9 +9,11 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use wisp_backend_onnx::EngineChoice;
 use wisp_core::{DataType, ErrorKind, InferRequest, Tensor};
-use wisp_server::embed::Embedded;
-use wisp_server::settings::{ControlMode, OnnxEngine, Settings};
+use wisp_service::core::CoreOptions;
+use wisp_service::embed::Embedded;
+use wisp_service::ControlMode;
 
 create_exception!(wisp, WispError, PyException, "An error from Wisp.");
 create_exception!(
@@ -129,24 +131,23 @@ impl Server {
         let bad = |what: &str, v: &str, want: &str| {
             InvalidArgumentError::new_err(format!("{what}: '{v}' is not one of {want}"))
         };
-        let mut s = Settings::for_repository(repos.first().cloned().unwrap_or_default());
-        s.model_repositories = repos.into_iter().map(Into::into).collect();
-        s.model_control_mode = match model_control_mode {
+        let mut s = CoreOptions::for_repositories(repos.into_iter().map(Into::into).collect());
+        s.control_mode = match model_control_mode {
             "none" => ControlMode::None,
             "poll" => ControlMode::Poll,
             "explicit" => ControlMode::Explicit,
             v => return Err(bad("model_control_mode", v, "none, poll, explicit")),
         };
         s.onnx_engine = match onnx_engine {
-            "auto" => OnnxEngine::Auto,
-            "onnxruntime" => OnnxEngine::Onnxruntime,
-            "tract" => OnnxEngine::Tract,
+            "auto" => EngineChoice::Auto,
+            "onnxruntime" => EngineChoice::OnnxRuntime,
+            "tract" => EngineChoice::Tract,
             v => return Err(bad("onnx_engine", v, "auto, onnxruntime, tract")),
         };
         s.load_model = load_model;
         s.strict_readiness = strict_readiness;
         s.exit_on_error = exit_on_error;
-        s.repository_poll_secs = repository_poll_secs;
+        s.poll_every = std::time::Duration::from_secs(repository_poll_secs);
         py.detach(|| {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -156,7 +157,7 @@ impl Server {
                 .map_err(|e| WispError::new_err(format!("cannot start a runtime: {e}")))?;
             let wisp = runtime
                 .block_on(Embedded::open(s))
-                .map_err(|e| WispError::new_err(format!("{e:#}")))?;
+                .map_err(|e| WispError::new_err(e.message().to_string()))?;
             Ok(Server {
                 runtime,
                 wisp: RwLock::new(Some(wisp)),
@@ -258,7 +259,7 @@ impl Server {
         version: Option<String>,
     ) -> PyResult<(Vec<TensorRow>, Vec<TensorRow>)> {
         let m = self.with(py, |wisp, _| wisp.metadata(model, version.as_deref()))?;
-        let rows = |ts: Vec<wisp_server::service::query::TensorMetadata>| {
+        let rows = |ts: Vec<wisp_service::query::TensorMetadata>| {
             ts.into_iter()
                 .map(|t| (t.name, t.datatype.to_string(), t.shape))
                 .collect()

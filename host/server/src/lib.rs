@@ -7,7 +7,6 @@
 //! stops accepting, lets in-flight requests finish, then drains and stops every model's
 //! scheduler.
 
-mod backends;
 mod resolved;
 
 use resolved::Resolved;
@@ -23,8 +22,9 @@ pub mod http;
 pub use wisp_service::logging;
 pub mod metrics;
 pub mod plugin_cli;
+/// Object-store repositories (the `object-store` feature).
 #[cfg(feature = "object-store")]
-pub mod remote;
+pub use wisp_remote as remote;
 pub mod restricted;
 pub use wisp_service as service;
 pub mod settings;
@@ -42,10 +42,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use wisp_backend_onnx::{find_onnxruntime, EngineChoice, OnnxBackend};
+use wisp_backend_onnx::EngineChoice;
 
-use models::{LoadOptions, Registry};
-use settings::{ControlMode, OnnxEngine, Settings};
+use models::Registry;
+use service::core::{Core, CoreOptions};
+use settings::{OnnxEngine, Settings};
 use wisp_plugin_runtime::WasmCompiler;
 
 /// Object-store repositories, mirrored locally before anything loads (none without the
@@ -57,7 +58,8 @@ pub(crate) struct Remotes {
 }
 
 impl Remotes {
-    /// The mirrors as the service's repository sources (an explicit load syncs its model).
+    /// The mirrors as the service's repository sources: an explicit load syncs its model, and
+    /// poll mode syncs them all before each poll.
     fn sources(&self) -> Vec<Arc<dyn service::RepositorySource>> {
         #[cfg(feature = "object-store")]
         return self
@@ -67,31 +69,6 @@ impl Remotes {
             .collect();
         #[cfg(not(feature = "object-store"))]
         Vec::new()
-    }
-
-    /// Poll mode: brings every mirror up to date before the registry polls.
-    async fn sync(&self) {
-        #[cfg(feature = "object-store")]
-        for r in &self.repos {
-            if let Err(e) = r.sync().await {
-                tracing::error!(error = %e, "object-store repository sync failed; serving what was mirrored");
-            }
-        }
-    }
-}
-
-#[cfg(feature = "object-store")]
-impl service::RepositorySource for remote::RemoteRepo {
-    /// A failure is logged and the mirrored copy loads.
-    fn sync_model<'a>(
-        &'a self,
-        model: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
-        Box::pin(async move {
-            if let Err(e) = remote::RemoteRepo::sync_model(self, model).await {
-                tracing::error!(model, error = %e, "object-store repository sync failed; loading what was mirrored");
-            }
-        })
     }
 }
 
@@ -129,233 +106,111 @@ async fn mirror_remote_repositories(
     Ok((roots, remotes))
 }
 
-/// What every way of running Wisp shares: the models, the service over them, and the tasks
-/// that keep the repository current. [`Server`] puts front ends on it; [`embed::Embedded`]
-/// calls it in-process.
-struct Core {
-    registry: Arc<Registry>,
-    service: Arc<service::Service>,
-    metrics: Option<Arc<metrics::Metrics>>,
-    poller: Option<tokio::task::JoinHandle<()>>,
-    /// Judges reloads under SLA watch (`Registry::watch_rollouts`).
-    rollouts: tokio::task::JoinHandle<()>,
-}
-
-impl Core {
-    /// Chooses the engines, loads the models (off the async runtime) and builds the service.
-    /// Must be called inside a tokio runtime.
-    async fn open(settings: &Settings, resolved: &mut Resolved) -> anyhow::Result<Core> {
-        let lib = match settings.onnx_engine {
-            OnnxEngine::Tract => None,
-            // An edge build has no ONNX Runtime to look for.
-            OnnxEngine::Auto if !OnnxBackend::HAS_ONNXRUNTIME => None,
-            _ => find_onnxruntime(settings.onnxruntime_lib.as_deref(), &*settings.env),
-        };
-        let choice = match settings.onnx_engine {
+/// The core's options from `wisp serve`'s settings (checked into `resolved`), and the
+/// Prometheus metrics when they are on. Mirrors the object-store repositories first.
+async fn core_options(
+    settings: &Settings,
+    resolved: &mut Resolved,
+) -> anyhow::Result<(CoreOptions, Option<Arc<metrics::Metrics>>)> {
+    let plugin_failures = Arc::new(wisp_plugin_runtime::FailureCounts::default());
+    let verify_failures = Arc::new(signing::VerifyFailures::default());
+    let verification = resolved.verify_key.take().map(|key| signing::Verification {
+        key,
+        required: settings.require_signed_models,
+        failures: verify_failures.clone(),
+    });
+    let metrics = match resolved.metrics.take() {
+        Some(o) => Some(
+            metrics::Metrics::new(o, plugin_failures.clone(), verify_failures)
+                .map_err(|e| anyhow::anyhow!(e))?,
+        ),
+        None => None,
+    };
+    let trace = std::mem::take(&mut resolved.trace);
+    let trace_export = match trace.settings.otel() {
+        true => Some(Arc::new(
+            service::otel::Exporter::start(&trace.otel, tokio::runtime::Handle::current())
+                .map_err(anyhow::Error::msg)?,
+        ) as Arc<dyn service::trace::TraceExport>),
+        false => None,
+    };
+    let (repositories, remotes) = mirror_remote_repositories(settings).await?;
+    let wasm_compiler_why = match resolved.wasm_compiler {
+        WasmCompiler::Pulley if settings.wasm_compiler == settings::WasmCompilerChoice::Auto => {
+            ": Pulley, wasmtime's interpreter, the default on riscv64 (Cranelift's riscv64 backend cannot compile every plugin); --wasm-compiler native overrides"
+        }
+        WasmCompiler::Pulley => ": Pulley, wasmtime's interpreter (slower than native code)",
+        WasmCompiler::Native => "",
+    };
+    let control = |r: &restricted::Restrictions| {
+        settings.allow_unauthenticated_control || r.restricts(restricted::ApiGroup::ModelRepository)
+    };
+    let options = CoreOptions {
+        repositories,
+        sources: remotes.sources(),
+        control_mode: settings.model_control_mode,
+        load_model: settings.load_model.clone(),
+        poll_every: std::time::Duration::from_secs(settings.repository_poll_secs),
+        exit_on_error: settings.exit_on_error,
+        strict_readiness: settings.strict_readiness,
+        onnx_engine: match settings.onnx_engine {
             OnnxEngine::Auto => EngineChoice::Auto,
             OnnxEngine::Onnxruntime => EngineChoice::OnnxRuntime,
             OnnxEngine::Tract => EngineChoice::Tract,
-        };
-        let backend = OnnxBackend::new(choice, lib).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let edge = if OnnxBackend::HAS_ONNXRUNTIME {
-            ""
-        } else {
-            ": this build has no ONNX Runtime (edge build), tract serves every ONNX model"
-        };
-        tracing::info!(engine = backend.engine(), "ONNX engine selected{edge}");
-        let why = match resolved.wasm_compiler {
-            WasmCompiler::Pulley if settings.wasm_compiler == settings::WasmCompilerChoice::Auto => {
-                ": Pulley, wasmtime's interpreter, the default on riscv64 (Cranelift's riscv64 backend cannot compile every plugin); --wasm-compiler native overrides"
-            }
-            WasmCompiler::Pulley => ": Pulley, wasmtime's interpreter (slower than native code)",
-            WasmCompiler::Native => "",
-        };
-        tracing::info!(
-            compiler = resolved.wasm_compiler.as_str(),
-            "plugin compiler selected{why}"
-        );
-        let plugin_failures = Arc::new(wisp_plugin_runtime::FailureCounts::default());
-        let caller = Arc::new(models::caller::RegistryCaller::default());
-        let wasm = wisp_plugin_runtime::WasmBackend::new(
-            wisp_plugin_runtime::WasmOptions {
-                cache_dir: settings.wasm_cache(),
-                pooling: settings.wasm_pooling,
-                compiler: resolved.wasm_compiler,
-                failures: plugin_failures.clone(),
-                env: settings.env.clone(),
-            },
-            Some(caller.clone()),
-        );
-        let verify_failures = Arc::new(signing::VerifyFailures::default());
-        let verification = resolved.verify_key.take().map(|key| signing::Verification {
-            key,
-            required: settings.require_signed_models,
-            failures: verify_failures.clone(),
-        });
-        let metrics = match resolved.metrics.take() {
-            Some(o) => Some(
-                metrics::Metrics::new(o, plugin_failures, verify_failures.clone())
-                    .map_err(|e| anyhow::anyhow!(e))?,
-            ),
-            None => None,
-        };
-        let cache = resolved
-            .cache_size
-            .map(|size| Arc::new(cache::ResponseCache::new(size)));
-        let opts = LoadOptions {
-            autocomplete: !settings.disable_auto_complete_config,
-            threads: settings.model_load_thread_count,
-            observers: metrics.clone().map(|m| m as Arc<dyn models::Observers>),
-            host_policies: std::mem::take(&mut resolved.host_policies),
-            verification,
-            state_dir: settings.state_dir.clone(),
-            rate_limiter: resolved.rate_limiter.clone(),
-        };
-        let (roots, remotes) = mirror_remote_repositories(settings).await?;
-        let registry = Arc::new(Registry::new(
-            roots,
-            Arc::new(backends::Backends {
-                onnx: backend,
-                wasm,
-                ensemble: models::ensemble::EnsembleBackend::new(caller.clone()),
-            }),
-            opts,
-        ));
-        caller.attach(&registry);
-        let initial: Option<Vec<String>> = match settings.model_control_mode {
-            ControlMode::Explicit => Some(settings.load_model.clone()),
-            ControlMode::None | ControlMode::Poll => None,
-        };
-        let r = registry.clone();
-        tokio::task::spawn_blocking(move || r.load_initial(initial.as_deref()))
-            .await
-            .context("model loading panicked")?
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        for (name, entry) in registry.models() {
-            if !entry.is_ready() {
-                tracing::error!(model = %name, reason = %entry.reason(), "model UNAVAILABLE");
-            }
-        }
-        if settings.exit_on_error && !registry.all_ready() {
-            anyhow::bail!("some models failed to load and --exit-on-error is set");
-        }
-        let trace = &resolved.trace;
-        let inflight_budget = settings.max_inflight_bytes.unwrap_or_else(|| {
-            crate::settings::default_max_inflight_bytes(crate::settings::cgroup_memory_max())
-        });
-        tracing::info!(bytes = inflight_budget, "in-flight request memory budget");
-        let service = Arc::new(service::Service {
-            registry: registry.clone(),
-            cache,
-            strict_readiness: settings.strict_readiness,
-            startup_failures: registry
-                .models()
-                .into_iter()
-                .filter(|(_, e)| !e.is_ready())
-                .map(|(name, _)| name)
-                .collect(),
-            control_mode: settings.model_control_mode,
-            network_control: service::control::NetworkControl {
-                http: settings.allow_unauthenticated_control
-                    || resolved
-                        .http_restricted
-                        .restricts(restricted::ApiGroup::ModelRepository),
-                grpc: settings.allow_unauthenticated_control
-                    || resolved
-                        .grpc_restricted
-                        .restricts(restricted::ApiGroup::ModelRepository),
-            },
-            signed_only: settings.require_signed_models,
-            budget: Arc::new(tokio::sync::Semaphore::new(
-                usize::try_from(inflight_budget / 1024)
-                    .unwrap_or(usize::MAX)
-                    .min(tokio::sync::Semaphore::MAX_PERMITS),
-            )),
-            shm: service::shm::SharedMemory::new(&settings.shm_key_prefix, settings.shm_max_bytes)
-                .requiring_token(settings.shm_require_token),
-            remotes: remotes.sources(),
-            trace: service::trace::TraceControl::new(
-                trace.settings.clone(),
-                match trace.settings.otel() {
-                    true => Some(
-                        service::otel::Exporter::start(
-                            &trace.otel,
-                            tokio::runtime::Handle::current(),
-                        )
-                        .map_err(anyhow::Error::msg)?,
-                    ),
-                    false => None,
-                },
-            ),
-            logging: logging::LogControl::new(logging::LogSettings {
-                log_file: settings
-                    .log_file
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
-                log_info: settings.log_info,
-                log_warning: settings.log_warning,
-                log_error: settings.log_error,
-                log_verbose_level: settings.log_verbose as u64,
-                log_format: settings.log_format.clone(),
-            }),
-        });
-        let poller = (settings.model_control_mode == ControlMode::Poll).then(|| {
-            let r = registry.clone();
-            let every = std::time::Duration::from_secs(settings.repository_poll_secs.max(1));
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                tick.tick().await;
-                loop {
-                    tick.tick().await;
-                    remotes.sync().await;
-                    let r = r.clone();
-                    let _ = tokio::task::spawn_blocking(move || r.poll()).await;
-                }
-            })
-        });
-        // SLA-guarded rollout: reloads under watch are judged a few times a second.
-        let rollouts = {
-            let r = registry.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tick.tick().await;
-                    if r.watching() {
-                        let r = r.clone();
-                        let _ = tokio::task::spawn_blocking(move || r.watch_rollouts()).await;
-                    }
-                }
-            })
-        };
-        Ok(Core {
-            registry,
-            service,
-            metrics,
-            poller,
-            rollouts,
-        })
-    }
+        },
+        onnxruntime_lib: settings.onnxruntime_lib.clone(),
+        wasm_compiler: resolved.wasm_compiler,
+        wasm_compiler_why,
+        wasm_cache: settings.wasm_cache(),
+        wasm_pooling: settings.wasm_pooling,
+        env: settings.env.clone(),
+        autocomplete: !settings.disable_auto_complete_config,
+        load_threads: settings.model_load_thread_count,
+        host_policies: std::mem::take(&mut resolved.host_policies),
+        verification,
+        state_dir: settings.state_dir.clone(),
+        rate_limiter: resolved.rate_limiter.clone(),
+        cache_size: resolved.cache_size,
+        network_control: service::control::NetworkControl {
+            http: control(&resolved.http_restricted),
+            grpc: control(&resolved.grpc_restricted),
+        },
+        max_inflight_bytes: settings.max_inflight_bytes.unwrap_or_else(|| {
+            service::core::default_max_inflight_bytes(service::core::cgroup_memory_max())
+        }),
+        shm_key_prefix: settings.shm_key_prefix.clone(),
+        shm_max_bytes: settings.shm_max_bytes,
+        shm_require_token: settings.shm_require_token,
+        trace,
+        trace_export,
+        log: logging::LogSettings {
+            log_file: settings
+                .log_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            log_info: settings.log_info,
+            log_warning: settings.log_warning,
+            log_error: settings.log_error,
+            log_verbose_level: settings.log_verbose as u64,
+            log_format: settings.log_format.clone(),
+        },
+        observers: metrics.clone().map(|m| m as Arc<dyn models::Observers>),
+        plugin_failures,
+    };
+    Ok((options, metrics))
+}
 
-    /// Stops the repository poller and the SLA watch.
-    fn stop_tasks(&self) {
-        if let Some(t) = &self.poller {
-            t.abort();
-        }
-        self.rollouts.abort();
-    }
-
-    /// Stops the background tasks, then drains every model's scheduler and writes the last
-    /// traces. Requests still running finish first (the drain waits for them).
-    async fn close(self) -> anyhow::Result<()> {
-        self.stop_tasks();
-        let registry = self.registry;
-        tokio::task::spawn_blocking(move || registry.shutdown()).await?;
-        let service = self.service;
-        tokio::task::spawn_blocking(move || service.trace.shutdown()).await?;
-        Ok(())
-    }
+/// Checks `settings` (reporting every error at once) and opens the core they describe.
+async fn open_core(
+    settings: &Settings,
+) -> anyhow::Result<(Core, Resolved, Option<Arc<metrics::Metrics>>)> {
+    let mut resolved = Resolved::from(settings)?;
+    let (options, metrics) = core_options(settings, &mut resolved).await?;
+    let core = Core::open(options)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", e.message()))?;
+    Ok((core, resolved, metrics))
 }
 
 /// A running server.
@@ -375,13 +230,8 @@ impl Server {
     /// Loads the models and starts serving HTTP. Must be called inside a tokio runtime.
     pub async fn start(settings: Settings) -> anyhow::Result<Server> {
         // Every setting is checked before any model loads, and every error is reported.
-        let mut resolved = Resolved::from(&settings)?;
-        let core = Core::open(&settings, &mut resolved).await?;
-        let (registry, service, metrics) = (
-            core.registry.clone(),
-            core.service.clone(),
-            core.metrics.clone(),
-        );
+        let (core, resolved, metrics) = open_core(&settings).await?;
+        let (registry, service) = (core.registry().clone(), core.service().clone());
         let state = Arc::new(http::AppState {
             service: service.clone(),
             restricted: resolved.http_restricted,
@@ -478,7 +328,7 @@ impl Server {
                 .layer(axum::middleware::from_fn_with_state(
                     Arc::new(grpc::GuardState {
                         restricted: resolved.grpc_restricted,
-                        budget: service.budget.clone(),
+                        budget: service.budget().clone(),
                     }),
                     grpc::guard,
                 ));
@@ -527,12 +377,12 @@ impl Server {
 
     /// The model registry.
     pub fn registry(&self) -> &Arc<Registry> {
-        &self.core().registry
+        self.core().registry()
     }
 
     /// The service the front ends call.
     pub fn service(&self) -> &Arc<service::Service> {
-        &self.core().service
+        self.core().service()
     }
 
     fn core(&self) -> &Core {
@@ -570,7 +420,7 @@ impl Server {
             return Ok(());
         };
         match tokio::time::timeout_at(deadline, core.close()).await {
-            Ok(r) => r,
+            Ok(r) => r.map_err(|e| anyhow::anyhow!("{}", e.message())),
             Err(_) => {
                 tracing::warn!(
                     secs = self.exit_timeout.as_secs(),

@@ -12,9 +12,14 @@
 //!   index, as plain structs.
 //! - [`control`]: model load and unload with the control-mode and override policy, and log
 //!   settings.
+//!
+//! [`core::Core`] opens the engines, the models and this service from plain options;
+//! [`embed::Embedded`] calls it in-process, with no protocol in between.
 
 pub mod cache;
 pub mod control;
+pub mod core;
+pub mod embed;
 pub mod infer;
 pub mod logging;
 pub mod openai;
@@ -53,37 +58,66 @@ pub const EXTENSIONS: &[&str] = &[
     "logging",
 ];
 
-/// The service every front end calls.
+/// The service every front end calls. It is built by [`core::Core::open`]; its state is
+/// reached through methods, so a front end cannot change a policy behind the service's back.
 pub struct Service {
     /// Loaded models.
-    pub registry: Arc<Registry>,
+    pub(crate) registry: Arc<Registry>,
     /// The response cache (`--cache-config`), if any.
-    pub cache: Option<Arc<ResponseCache>>,
+    pub(crate) cache: Option<Arc<ResponseCache>>,
     /// Ready only if every model is ready (`--strict-readiness`).
-    pub strict_readiness: bool,
+    pub(crate) strict_readiness: bool,
     /// The models that failed to load at start-up: under strict readiness the server is not
     /// ready while one of them stays loaded and not ready (Triton would have exited). A model
     /// that fails a later load, or a load request's upload, does not change readiness, as in
     /// Triton, where only live (ready) versions count.
-    pub startup_failures: Vec<String>,
+    pub(crate) startup_failures: Vec<String>,
     /// Model control mode (load/unload allowed only in explicit mode).
-    pub control_mode: ControlMode,
+    pub(crate) control_mode: ControlMode,
     /// Which network front ends may load and unload in explicit mode.
-    pub network_control: control::NetworkControl,
+    pub(crate) network_control: control::NetworkControl,
     /// `--require-signed-models`: a load request may not replace a model's (signed) config.
-    pub signed_only: bool,
+    pub(crate) signed_only: bool,
     /// Logging settings (logging extension).
-    pub logging: LogControl,
+    pub(crate) logging: LogControl,
     /// The in-flight request memory budget in KiB (`--max-inflight-bytes`), shared by both
     /// protocols.
-    pub budget: Arc<tokio::sync::Semaphore>,
+    pub(crate) budget: Arc<tokio::sync::Semaphore>,
     /// Registered system shared memory regions (the shared memory extension).
-    pub shm: shm::SharedMemory,
+    pub(crate) shm: shm::SharedMemory,
     /// Trace settings and finished traces (the trace extension).
-    pub trace: trace::TraceControl,
+    pub(crate) trace: trace::TraceControl,
     /// Repositories mirrored from elsewhere (object storage), whose copies an explicit load
     /// brings up to date first.
-    pub remotes: Vec<Arc<dyn RepositorySource>>,
+    pub(crate) remotes: Vec<Arc<dyn RepositorySource>>,
+}
+
+impl Service {
+    /// The model registry.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The in-flight request memory budget in KiB (`--max-inflight-bytes`), which both
+    /// protocols charge a request's bytes to as they arrive ([`Charge`]).
+    pub fn budget(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.budget
+    }
+
+    /// Registered system shared memory regions (the shared memory extension).
+    pub fn shm(&self) -> &shm::SharedMemory {
+        &self.shm
+    }
+
+    /// Trace settings and finished traces (the trace extension).
+    pub fn trace(&self) -> &trace::TraceControl {
+        &self.trace
+    }
+
+    /// The logging settings (the logging extension).
+    pub fn logging(&self) -> &LogControl {
+        &self.logging
+    }
 }
 
 /// A model repository whose files live elsewhere (an object store) and are mirrored into the
@@ -93,6 +127,10 @@ pub trait RepositorySource: Send + Sync {
     /// Brings `model`'s mirrored copy up to date. A failure is the source's to log: the
     /// mirrored copy then loads as it is.
     fn sync_model<'a>(&'a self, model: &'a str) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+    /// Brings every model's mirrored copy up to date (poll mode, before each poll). A failure
+    /// is the source's to log: the registry then polls what was mirrored.
+    fn sync_all(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
 /// How models are loaded and changed at run time (Triton's `--model-control-mode`).

@@ -61,6 +61,8 @@ impl LogSettings {
             "wisp_plugin_runtime",
             "wisp_models",
             "wisp_service",
+            "wisp_remote",
+            "wisp_python",
         ];
         let mut f = String::from("warn");
         for c in crates {

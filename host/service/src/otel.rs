@@ -202,7 +202,7 @@ impl Exporter {
     }
 
     /// Turns a finished trace (and its ensemble steps) into spans for the batch processor.
-    pub fn export(&self, trace: &Arc<Trace>) {
+    fn spans(&self, trace: &Arc<Trace>) {
         let parent = match trace.remote_parent {
             Some(p) => Context::new().with_remote_span_context(SpanContext::new(
                 TraceId::from_bytes(p.trace_id),
@@ -275,16 +275,22 @@ impl Exporter {
         }
         span.end_with_timestamp(at(last));
     }
+}
+
+impl crate::trace::TraceExport for Exporter {
+    fn export(&self, trace: &Arc<Trace>) {
+        self.spans(trace);
+    }
 
     /// Exports what the batch processor holds and waits for it.
-    pub fn flush(&self) {
+    fn flush(&self) {
         if let Err(e) = self.provider.force_flush() {
             tracing::warn!(error = %e, "OpenTelemetry export failed");
         }
     }
 
     /// Exports what is left and stops the batch processor.
-    pub fn shutdown(&self) {
+    fn shutdown(&self) {
         if let Err(e) = self.provider.shutdown() {
             tracing::warn!(error = %e, "OpenTelemetry shutdown");
         }

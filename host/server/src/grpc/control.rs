@@ -97,13 +97,13 @@ pub(super) async fn trace_setting(
         })
         .collect();
     let settings = if update.is_empty() {
-        svc.service.trace.settings(model)
+        svc.service.trace().settings(model)
     } else if model.is_none() && update.values().any(serde_json::Value::is_null) {
         return Err(status(Error::invalid(
             "a global trace setting cannot be cleared, only set",
         )));
     } else {
-        svc.service.trace.update(model, &update).map_err(status)?
+        svc.service.trace().update(model, &update).map_err(status)?
     };
     let settings = settings
         .to_json()

@@ -273,7 +273,7 @@ pub(super) async fn model_stream_infer(
     // its responses is slowed down by HTTP/2 flow control instead of buffered without limit.
     let in_flight = Arc::new(tokio::sync::Semaphore::new(svc.stream_in_flight));
     // Messages are decoded in this task as it reads them: under its own budget slot.
-    let slot = codec::CallBudget::new(&service.budget);
+    let slot = codec::CallBudget::new(service.budget());
     tokio::spawn(codec::CALL.scope(slot, async move {
         // The requests of one sequence reach the model in stream order: each waits for the
         // one before it (a sequence runs one request at a time anyway).

@@ -11,7 +11,7 @@ pub(super) async fn system_shared_memory_status(
     let name = r.into_inner().name;
     let rows = svc
         .service
-        .shm
+        .shm()
         .status(&scope, (!name.is_empty()).then_some(name.as_str()))
         .map_err(status)?;
     let regions = rows
@@ -56,7 +56,7 @@ pub(super) async fn system_shared_memory_unregister(
     let scope = shm_scope(r.metadata()).map_err(status)?;
     let name = r.into_inner().name;
     svc.service
-        .shm
+        .shm()
         .unregister(&scope, (!name.is_empty()).then_some(name.as_str()));
     Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
 }

@@ -296,7 +296,7 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/repo");
         let mut settings = crate::settings::Settings::for_repository(repo);
         settings.onnx_engine = crate::settings::OnnxEngine::Tract;
-        let wisp = crate::embed::Embedded::open(settings).await.unwrap();
+        let wisp = crate::embed::open(settings).await.unwrap();
         let svc = GrpcService::new(wisp.service().clone(), 4);
         let live = svc
             .server_live(Request::new(pb::ServerLiveRequest {}))

@@ -33,10 +33,10 @@ pub(super) async fn trace_setting(
         app.service.model(m, None)?;
     }
     let settings = match *method {
-        Method::GET => app.service.trace.settings(model),
+        Method::GET => app.service.trace().settings(model),
         Method::POST => {
             let body = json_body(app, req).await?;
-            app.service.trace.update(model, &body)?
+            app.service.trace().update(model, &body)?
         }
         _ => return Ok(method_not_allowed(method, "GET, POST")),
     };
@@ -64,7 +64,7 @@ pub(super) async fn system_shared_memory(
     let scope = shm_scope(req.headers())?;
     match (action, method, name) {
         ("status", &Method::GET, _) => {
-            let rows = app.service.shm.status(&scope, name)?;
+            let rows = app.service.shm().status(&scope, name)?;
             let rows: Vec<Value> = rows
                 .into_iter()
                 .map(|r| {
@@ -102,7 +102,7 @@ pub(super) async fn system_shared_memory(
             Ok(StatusCode::OK.into_response())
         }
         ("unregister", &Method::POST, _) => {
-            app.service.shm.unregister(&scope, name);
+            app.service.shm().unregister(&scope, name);
             Ok(StatusCode::OK.into_response())
         }
         ("status", _, _) => Ok(method_not_allowed(method, "GET")),

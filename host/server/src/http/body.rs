@@ -12,7 +12,7 @@ pub(crate) async fn read_body(
     body: Body,
 ) -> Result<(Bytes, Charge), Error> {
     let secs = app.body_timeout.as_secs();
-    let mut charge = Charge::new(&app.service.budget);
+    let mut charge = Charge::new(app.service.budget());
     let raw = tokio::time::timeout(
         app.body_timeout,
         read_raw(headers, body, app.max_input_size, &mut charge),

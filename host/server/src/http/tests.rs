@@ -18,7 +18,7 @@ fn fixture_repo() -> std::path::PathBuf {
 async fn open() -> (Embedded, axum::Router) {
     let mut settings = Settings::for_repository(fixture_repo());
     settings.onnx_engine = OnnxEngine::Tract;
-    let wisp = Embedded::open(settings)
+    let wisp = crate::embed::open(settings)
         .await
         .expect("the fixture repository opens");
     let state = Arc::new(AppState {

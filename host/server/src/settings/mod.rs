@@ -16,23 +16,10 @@ pub const DEFAULT_HTTP_PORT: u16 = 8000;
 /// Default maximum HTTP request body, after decompression (Triton's 64 MB).
 pub const DEFAULT_HTTP_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
 
-/// The in-flight budget without a cgroup limit (2 GiB).
-pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 2 << 30;
-
-/// Default `--max-inflight-bytes`: 2 GiB, or half of `cgroup_max` (the cgroup's
-/// `memory.max`, when it has one) when that is less, and at least 16 MiB.
-pub fn default_max_inflight_bytes(cgroup_max: Option<u64>) -> u64 {
-    cgroup_max.map_or(DEFAULT_MAX_INFLIGHT_BYTES, |max| {
-        (max / 2).clamp(16 << 20, DEFAULT_MAX_INFLIGHT_BYTES)
-    })
-}
-
-/// The cgroup's `memory.max` (cgroup v2), when it is a number (not `max`).
-pub fn cgroup_memory_max() -> Option<u64> {
-    wisp_core::repository::read_regular_text(std::path::Path::new("/sys/fs/cgroup/memory.max"), 64)
-        .ok()
-        .and_then(|t| t.trim().parse::<u64>().ok())
-}
+pub use wisp_service::core::{
+    cgroup_memory_max, default_max_inflight_bytes, DEFAULT_MAX_INFLIGHT_BYTES,
+    DEFAULT_MODEL_LOAD_THREADS,
+};
 
 /// Default `--shm-key-prefix`: shm keys must start `/wisp`.
 pub const DEFAULT_SHM_KEY_PREFIX: &str = "wisp";
@@ -45,8 +32,6 @@ pub const DEFAULT_GRPC_PORT: u16 = 8001;
 pub const DEFAULT_GRPC_MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 /// Default metrics port (Triton's).
 pub const DEFAULT_METRICS_PORT: u16 = 8002;
-/// Default model-load thread count (Triton's).
-pub const DEFAULT_MODEL_LOAD_THREADS: usize = 4;
 
 /// `wisp`: a KServe v2 / Triton-compatible inference server with WebAssembly plugins.
 #[derive(Debug, Parser)]
@@ -515,15 +500,7 @@ impl Settings {
 
     /// `$XDG_CACHE_HOME`, else `~/.cache`.
     fn user_cache(&self) -> Option<PathBuf> {
-        self.env
-            .var("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                self.env
-                    .var("HOME")
-                    .map(|h| PathBuf::from(h).join(".cache"))
-            })
+        wisp_service::core::user_cache_dir(&*self.env)
     }
 
     /// Settings for a repository with every other value at its default (used by tests and

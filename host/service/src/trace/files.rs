@@ -4,7 +4,10 @@ use super::*;
 
 /// The writer thread: keeps traces, writes a file every `log_frequency` of them or when told;
 /// with an `exporter`, turns each trace into spans for it instead.
-pub(super) fn write_loop(rx: std::sync::mpsc::Receiver<Msg>, exporter: Option<Arc<Exporter>>) {
+pub(super) fn write_loop(
+    rx: std::sync::mpsc::Receiver<Msg>,
+    exporter: Option<Arc<dyn TraceExport>>,
+) {
     let mut pending = Pending::default();
     while let Ok(msg) = rx.recv() {
         match (msg, &exporter) {

@@ -27,7 +27,7 @@ use serde_json::{Map, Value};
 use wisp_core::trace::{Trace, TraceParent};
 use wisp_core::{Error, Result};
 
-use super::otel::{Exporter, OtelConfig};
+use super::otel::OtelConfig;
 
 /// Trace objects kept in memory between writes, at most; past it traces are dropped (and
 /// counted in the log) until the next write.
@@ -294,11 +294,23 @@ pub const MAX_TRACE_FILES: usize = 64;
 /// Bytes of trace files one server keeps at most (the newest file is always kept).
 pub const MAX_TRACE_FILE_BYTES: u64 = 256 << 20;
 
+/// Where finished traces go in `opentelemetry` mode, instead of trace files: the OTLP/HTTP
+/// exporter ([`crate::otel::Exporter`]) in the server, or whatever an embedder or a test
+/// collects them with. Called from the trace writer thread, never on the request path.
+pub trait TraceExport: Send + Sync {
+    /// Takes one finished trace (and its ensemble steps).
+    fn export(&self, trace: &Arc<Trace>);
+    /// Sends what is waiting and returns when it is sent (or has failed, logged).
+    fn flush(&self);
+    /// Sends what is left and stops (at shutdown).
+    fn shutdown(&self);
+}
+
 /// The server's trace settings and the traces waiting to be written or exported.
 #[derive(Default)]
 pub struct TraceControl {
-    /// The OpenTelemetry pipeline, in `opentelemetry` mode.
-    exporter: Option<Arc<Exporter>>,
+    /// Where traces go in `opentelemetry` mode.
+    exporter: Option<Arc<dyn TraceExport>>,
     state: Mutex<State>,
     /// Whether any setting could trace a request: when not, requests skip the lock.
     armed: std::sync::atomic::AtomicBool,
@@ -315,10 +327,10 @@ pub struct TraceControl {
 impl TraceControl {
     /// Tracing with `global` settings (from `--trace-config`); `exporter` receives the traces
     /// in `opentelemetry` mode.
-    pub fn new(global: TraceSettings, exporter: Option<Exporter>) -> Self {
+    pub fn new(global: TraceSettings, exporter: Option<Arc<dyn TraceExport>>) -> Self {
         let armed = global.enabled();
         TraceControl {
-            exporter: exporter.map(Arc::new),
+            exporter,
             state: Mutex::new(State {
                 global,
                 ..Default::default()

@@ -149,3 +149,57 @@ fn a_trace_file_appears_whole_or_not_at_all() {
     let gone = dir.path().join("missing").join("trace.json");
     assert!(write_whole(&gone, b"[]").is_err());
 }
+
+/// What a [`TraceExport`] was given, in order.
+#[derive(Default)]
+struct Collector {
+    seen: Mutex<Vec<String>>,
+}
+
+impl TraceExport for Collector {
+    fn export(&self, trace: &Arc<Trace>) {
+        let id = trace.request_id.clone();
+        self.seen.lock().unwrap().push(format!("export {id}"));
+    }
+    fn flush(&self) {
+        self.seen.lock().unwrap().push("flush".into());
+    }
+    fn shutdown(&self) {
+        self.seen.lock().unwrap().push("shutdown".into());
+    }
+}
+
+/// In `opentelemetry` mode every finished trace goes to the exporter (no file is written),
+/// a propagated trace context is honoured whatever the rate, and shutdown flushes then stops.
+#[test]
+fn opentelemetry_mode_hands_every_trace_to_the_exporter() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("trace.json").display().to_string();
+    let mut s = on(&file);
+    s.mode = "opentelemetry".into();
+    s.rate = 1000;
+    let collector = Arc::new(Collector::default());
+    let t = TraceControl::new(s, Some(collector.clone() as Arc<dyn TraceExport>));
+    let parent = TraceParent {
+        trace_id: [7; 16],
+        span_id: [9; 8],
+        flags: 1,
+    };
+    for id in ["a", "b"] {
+        let tr = t
+            .sample("m", 1, id, Some(parent))
+            .expect("propagated context");
+        tr.mark("REQUEST_START");
+        t.finish(&tr);
+    }
+    t.shutdown();
+    assert_eq!(
+        *collector.seen.lock().unwrap(),
+        ["export a", "export b", "flush", "shutdown"],
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "no trace file"
+    );
+}

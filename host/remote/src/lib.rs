@@ -9,6 +9,7 @@
 //! registry then loads what changed with its usual load-beside-then-swap, so a version that is
 //! partial in the bucket fails its own load and never replaces the serving one.
 
+mod source;
 #[cfg(test)]
 mod tests;
 
@@ -85,7 +86,7 @@ impl RemoteRepo {
         } = open(url, &|k| std::env::var(k))?;
         let digest = {
             use sha2::Digest;
-            crate::signing::hex(&sha2::Sha256::digest(url.as_bytes()))
+            wisp_service::models::signing::hex(&sha2::Sha256::digest(url.as_bytes()))
         };
         let local = cache_root.join(format!("{}-{}", sanitize(&bucket.name), &digest[..16]));
         std::fs::create_dir_all(&local).map_err(|e| {
