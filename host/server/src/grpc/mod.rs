@@ -288,6 +288,27 @@ mod tests {
         assert_eq!(decoded_bytes(&c), (8 << 20) + 10 + 7);
     }
 
+    /// The one `ErrorKind` → gRPC code table (Triton's codes); the message goes out as it is.
+    #[test]
+    fn tritons_code_table() {
+        use tonic::Code;
+        for (kind, code) in [
+            (ErrorKind::InvalidArg, Code::InvalidArgument),
+            (ErrorKind::NotFound, Code::NotFound),
+            (ErrorKind::Unavailable, Code::Unavailable),
+            (ErrorKind::Unsupported, Code::Unimplemented),
+            (ErrorKind::AlreadyExists, Code::AlreadyExists),
+            (ErrorKind::Internal, Code::Internal),
+            (ErrorKind::TooLarge, Code::ResourceExhausted),
+            (ErrorKind::Exhausted, Code::ResourceExhausted),
+            (ErrorKind::Forbidden, Code::PermissionDenied),
+        ] {
+            let s = status(Error::new(kind, "input 'X': why"));
+            assert_eq!(s.code(), code, "{kind:?}");
+            assert_eq!(s.message(), "input 'X': why", "{kind:?}");
+        }
+    }
+
     /// The service trait called directly (no socket) over the fixture repository: its codes
     /// and messages for the common failures.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
