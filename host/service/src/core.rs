@@ -158,14 +158,7 @@ impl CoreOptions {
             shm_require_token: false,
             trace: TraceConfig::default(),
             trace_export: None,
-            log: LogSettings {
-                log_file: String::new(),
-                log_info: true,
-                log_warning: true,
-                log_error: true,
-                log_verbose_level: 0,
-                log_format: "default".into(),
-            },
+            log: LogSettings::default(),
             observers: None,
             plugin_failures: Arc::default(),
         }

@@ -36,6 +36,20 @@ pub struct LogSettings {
     pub log_format: String,
 }
 
+impl Default for LogSettings {
+    /// `wisp serve`'s defaults: standard error, info and above, Triton's line format.
+    fn default() -> Self {
+        LogSettings {
+            log_file: String::new(),
+            log_info: true,
+            log_warning: true,
+            log_error: true,
+            log_verbose_level: 0,
+            log_format: "default".into(),
+        }
+    }
+}
+
 impl LogSettings {
     /// The `tracing` filter directive for these settings.
     pub fn filter(&self) -> String {
@@ -145,14 +159,7 @@ mod tests {
     use super::*;
 
     fn base() -> LogSettings {
-        LogSettings {
-            log_file: String::new(),
-            log_info: true,
-            log_warning: true,
-            log_error: true,
-            log_verbose_level: 0,
-            log_format: "default".into(),
-        }
+        LogSettings::default()
     }
 
     #[test]
