@@ -19,6 +19,8 @@ struct FakeSteps {
     signatures: HashMap<String, Arc<Signature>>,
     /// (model, the request's call path) per submitted step request.
     calls: Mutex<Vec<(String, Vec<String>)>>,
+    /// Refuse every request at submit, as the registry does for a model unloaded since.
+    refuse: bool,
 }
 
 fn spec(name: &str, text: &str) -> ModelSpec {
@@ -34,12 +36,16 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]"#;
 
 impl FakeSteps {
     fn new() -> Arc<Self> {
+        Arc::new(Self::serving())
+    }
+
+    fn serving() -> Self {
         let mut fake = FakeSteps::default();
         for name in ["double", "inc"] {
             let s = spec(name, STEP);
             fake.signatures.insert(name.into(), s.signature.clone());
         }
-        Arc::new(fake)
+        fake
     }
 }
 
@@ -61,6 +67,9 @@ impl StepCaller for FakeSteps {
         request: InferRequest,
         respond: wisp_scheduler::Responder,
     ) -> Result<()> {
+        if self.refuse {
+            return Err(Error::unavailable(format!("model '{model}' is unloading")));
+        }
         let path = request.call_path.iter().map(|m| m.to_string()).collect();
         self.calls.lock().unwrap().push((model.to_string(), path));
         let x = &request.inputs[0];
@@ -160,26 +169,10 @@ fn a_step_the_caller_does_not_serve_fails_the_load_naming_the_step() {
 
 #[test]
 fn a_step_refused_at_submit_answers_its_request_without_waiting() {
-    /// Refuses every request outright, as the registry does for a model unloaded since.
-    struct Gone(Arc<FakeSteps>);
-    impl StepCaller for Gone {
-        fn signature(&self, m: &str, v: Option<&str>) -> Result<Arc<Signature>> {
-            self.0.signature(m, v)
-        }
-        fn labels(&self, _: &str, _: Option<&str>, _: &str) -> Option<Arc<Vec<String>>> {
-            None
-        }
-        fn submit(
-            &self,
-            model: &str,
-            _: Option<&str>,
-            _: InferRequest,
-            _: wisp_scheduler::Responder,
-        ) -> Result<()> {
-            Err(Error::unavailable(format!("model '{model}' is unloading")))
-        }
-    }
-    let backend = EnsembleBackend::new(Arc::new(Gone(FakeSteps::new())));
+    let backend = EnsembleBackend::new(Arc::new(FakeSteps {
+        refuse: true,
+        ..FakeSteps::serving()
+    }));
     let model = backend.load(&pipeline("double"), Path::new("")).unwrap();
     let mut instance = model.new_instance(0).unwrap();
     let out = instance.execute(&[request(1.0)], &mut ExecTiming::default());
