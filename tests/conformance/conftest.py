@@ -16,6 +16,8 @@ import urllib.request
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The binary runs under a runner (qemu-user): slow, and not a native process.
+EMULATED = bool(os.environ.get("WISP_RUNNER"))
 
 
 def free_port():
@@ -39,7 +41,7 @@ def env_args():
       a reservation, so the pool's terabytes of PROT_NONE address space cost it gigabytes of
       real memory (24 GB, then the OOM killer, with 1000 slots); a real device pays nothing;
     - then whatever `WISP_ARGS` holds (for example `--wasm-compiler pulley`)."""
-    emulated = ["--wasm-pooling", "false"] if os.environ.get("WISP_RUNNER") else []
+    emulated = ["--wasm-pooling", "false"] if EMULATED else []
     return emulated + shlex.split(os.environ.get("WISP_ARGS", ""))
 
 

@@ -1,14 +1,13 @@
 """Three replicas behind nginx with deploy/nginx/wisp.conf, under load from tritonclient (HTTP
 and gRPC): a replica killed and restarted, one rolled to a new version and one stopped
 gracefully and restarted must cost no HTTP request (see replicas.py; gRPC below)."""
-import os
-
 import pytest
 
 import replicas
+from conftest import EMULATED
 
 
-@pytest.mark.skipif(bool(os.environ.get("WISP_RUNNER")), reason="native binaries only")
+@pytest.mark.skipif(EMULATED, reason="native binaries only")
 def test_replicas_behind_nginx_lose_no_request_when_killed_rolled_and_restarted():
     result = replicas.run(seconds=15, threads=4)
     print(replicas.report(result))
