@@ -1220,7 +1220,11 @@ async fn the_in_flight_budget_refuses_what_does_not_fit() {
 async fn a_stream_client_that_does_not_read_is_slowed_down() {
     use http_body_util::BodyExt;
     use prost::Message;
-    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |_| {}).await;
+    // It pauses for 6 s: longer than the default write timeout, which would cut it.
+    let server = start_with(&fixture_repo(), OnnxEngine::Tract, |s| {
+        s.stream_write_timeout_secs = 60;
+    })
+    .await;
     let (mut tx, body) =
         http_body_util::channel::Channel::<bytes::Bytes, std::convert::Infallible>::new(4);
     let response = raw_stream_infer(server.grpc_addr().unwrap(), body).await;

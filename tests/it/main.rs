@@ -13,4 +13,5 @@ mod models;
 mod plugins;
 mod protocols;
 mod scheduling;
+mod streams;
 mod systemd;

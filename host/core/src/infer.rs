@@ -49,13 +49,29 @@ pub struct StreamedResponse {
 /// (`model_transaction_policy { decoupled: true }`). Implemented by the front end's stream;
 /// called from the thread executing the model.
 pub trait ResponseSink: Send + Sync + std::fmt::Debug {
-    /// Queues `part` for the client, waiting at most until `deadline` for room when the client
-    /// reads slower than the model sends. Fails when the client has gone or did not read in
-    /// time.
+    /// Queues `part` for the client. An implementation may wait for room at most until
+    /// `deadline`; the server's own never waits (a model must not hold its instance for a
+    /// client that does not read) and fails instead when its queue is full or the in-flight
+    /// budget is spent. Fails when the client has gone.
     fn send(&self, part: StreamedResponse, deadline: std::time::Instant) -> Result<()>;
 
     /// Whether the client has gone (its stream closed): the model may stop producing.
     fn is_closed(&self) -> bool;
+}
+
+/// Parameters one request, or one of its tensors, may carry. Triton sets no bound; this one
+/// keeps a request's memory proportional to what it means (two million parameters once took
+/// 432 MB).
+pub const MAX_PARAMETERS: usize = 128;
+
+/// Refuses `count` parameters on `what` past [`MAX_PARAMETERS`].
+pub fn check_parameter_count(count: usize, what: &str) -> Result<()> {
+    if count > MAX_PARAMETERS {
+        return Err(Error::invalid(format!(
+            "{what} has {count} parameters, more than the {MAX_PARAMETERS} a request may carry"
+        )));
+    }
+    Ok(())
 }
 
 /// The longest chain of plugin and ensemble calls a request may come from.

@@ -255,6 +255,9 @@ impl Server {
             tls_handshake_timeout: std::time::Duration::from_secs(
                 settings.tls_handshake_timeout_secs,
             ),
+            stream_write_timeout: std::time::Duration::from_secs(
+                settings.stream_write_timeout_secs,
+            ),
         };
         let gate = conn::Gate::new(
             "http+grpc",
@@ -306,10 +309,15 @@ impl Server {
             let gaddr = l.local_addr()?;
             tracing::info!(addr = %gaddr, "gRPC front end listening");
             let n = settings.grpc_max_message_size;
-            let svc = grpc::GrpcInferenceServiceServer::new(grpc::GrpcService::new(
-                service.clone(),
-                settings.grpc_stream_max_in_flight as usize,
-            ))
+            let svc = grpc::GrpcInferenceServiceServer::new(
+                grpc::GrpcService::new(
+                    service.clone(),
+                    settings.grpc_stream_max_in_flight as usize,
+                )
+                .with_stream_write_timeout(std::time::Duration::from_secs(
+                    settings.stream_write_timeout_secs,
+                )),
+            )
             .max_decoding_message_size(n)
             .max_encoding_message_size(n);
             let (health, health_svc) = tonic_health::server::health_reporter();

@@ -3,10 +3,13 @@
 //! passes each response, as an [`Answer`], to the front end's channel as the model sends it
 //! (gRPC `ModelStreamInfer`, HTTP `generate_stream`).
 //!
-//! The channel is bounded: a model that sends faster than its client reads waits, up to its
-//! execution deadline, then its send fails ("did not read"), so a client that stops reading
-//! costs one bounded channel and one instance for at most that long. A client that goes away
-//! closes the channel, which the model sees as cancellation.
+//! A model never waits for its client: each response is charged to the in-flight memory
+//! budget and queued at once, so an instance (and every request batched with it) goes on as
+//! soon as the model has sent. The queue is bounded ([`STREAM_BUFFER`] responses): a send that
+//! finds it full, or the budget spent, fails, and so does the request. A client that stops
+//! reading is cut off by its connection's `--stream-write-timeout`, which closes the channel;
+//! the model sees a closed channel as cancellation, and what was queued for the client is
+//! released with it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,8 +23,8 @@ use super::infer::{all_outputs, select_outputs, Answer, Decoded, OutputSpec, Pre
 use super::Service;
 use crate::models::ModelVersion;
 
-/// Responses a stream holds for its client before the model has to wait.
-pub const STREAM_BUFFER: usize = 16;
+/// Responses a stream holds for its client; a send past it fails the request.
+pub const STREAM_BUFFER: usize = 512;
 
 /// How long the last part may wait for room once the model has finished.
 const FINAL_WAIT: Duration = Duration::from_secs(10);
@@ -33,6 +36,9 @@ pub struct Part {
     pub answer: Option<Result<Answer>>,
     /// Whether this is the request's last part.
     pub last: bool,
+    /// The in-flight budget this part's memory is charged to, until the front end has
+    /// handed it to its connection (dropped with it).
+    pub held: Option<crate::Charge>,
 }
 
 /// The sink a decoupled model's responses go through: converts each into an [`Answer`] for
@@ -45,6 +51,8 @@ struct ChannelSink {
     binary_default: bool,
     /// The final part went through: the service sends no other.
     finished: AtomicBool,
+    /// The in-flight budget each queued response is charged to.
+    budget: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for ChannelSink {
@@ -70,38 +78,46 @@ impl ChannelSink {
 }
 
 impl ResponseSink for ChannelSink {
-    fn send(&self, part: StreamedResponse, deadline: Instant) -> Result<()> {
+    fn send(&self, part: StreamedResponse, _deadline: Instant) -> Result<()> {
         if self.finished.load(Ordering::SeqCst) {
             return Err(Error::invalid(
                 "the request's final response was sent already",
             ));
         }
+        if self.tx.is_closed() {
+            return Err(Error::unavailable(
+                "the client has gone: its stream is closed",
+            ));
+        }
         let last = part.last;
         let answer = part.response.map(|r| r.and_then(|r| self.answer(r)));
-        let mut part = Part {
-            answer,
-            last: part.last,
+        let bytes = match &answer {
+            Some(Ok(a)) => a.outputs.iter().map(|(_, t)| t.data.len() as u64).sum(),
+            _ => 0,
         };
-        let mut pause = Duration::from_micros(200);
-        loop {
-            match self.tx.try_send(part) {
-                Ok(()) => break,
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    return Err(Error::unavailable(
-                        "the client has gone: its stream is closed",
-                    ))
-                }
-                Err(mpsc::error::TrySendError::Full(back)) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(Error::unavailable(
-                            "the client did not read its responses before the model's deadline",
-                        ));
-                    }
-                    part = back;
-                    std::thread::sleep(pause.min(deadline - now));
-                    pause = (pause * 2).min(Duration::from_millis(10));
-                }
+        let mut held = crate::Charge::new(&self.budget);
+        held.grow_to(bytes).map_err(|_| {
+            Error::exhausted(
+                "the server is at its in-flight request memory budget (--max-inflight-bytes): \
+                 the response cannot be held for the client",
+            )
+        })?;
+        let part = Part {
+            answer,
+            last,
+            held: Some(held),
+        };
+        match self.tx.try_send(part) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return Err(Error::unavailable(
+                    "the client has gone: its stream is closed",
+                ))
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                return Err(Error::unavailable(format!(
+                    "the client has not read its last {STREAM_BUFFER} responses"
+                )))
             }
         }
         if last {
@@ -131,6 +147,7 @@ impl Service {
         let fail = |e: Error| Part {
             answer: Some(Err(e)),
             last: true,
+            held: None,
         };
         if !m.config.decoupled() {
             let _ = tx
@@ -176,6 +193,7 @@ impl Service {
             id: request.id.clone(),
             binary_default,
             finished: AtomicBool::new(false),
+            budget: self.budget.clone(),
         });
         request.responses = Some(sink.clone() as Arc<dyn ResponseSink>);
         let trace = request.trace.clone();
@@ -191,10 +209,12 @@ impl Service {
             Ok(r) if r.outputs.is_empty() => Part {
                 answer: None,
                 last: true,
+                held: None,
             },
             Ok(r) => Part {
                 answer: Some(sink.answer(r)),
                 last: true,
+                held: None,
             },
             Err(e) => fail(e),
         };

@@ -22,14 +22,24 @@
 //!   (which includes a keep-alive connection waiting for its next request) to the end of that
 //!   head. A client that trickles headers, or holds a connection open without asking anything,
 //!   is disconnected.
-//! - **Idle timeout**: a connection with no bytes moving either way and no request in flight
-//!   for this long is closed. It covers HTTP/2 and gRPC connections and stalled bodies.
+//! - **Idle timeout**: a connection with no request in flight and no body bytes moving either
+//!   way for this long is closed. HTTP/2 control frames (PING, SETTINGS, WINDOW_UPDATE) are not
+//!   activity, so a client cannot hold an idle connection with them. It covers HTTP/2 and gRPC
+//!   connections and stalled bodies.
+//! - **Stream write timeout**: a connection whose client has taken none of a response for this
+//!   long (a socket write waiting, or a response chunk waiting for the client's HTTP/2
+//!   flow-control window: see [`written`]) is closed, which cancels its requests and frees
+//!   whatever they held. A client that stops reading a stream costs at most this long.
+//!   Connections with an open response are never evicted for new ones: this timeout and the
+//!   idle timeout are what end them.
 //! - **HTTP/2**: hyper's reset-flood protection stays on; concurrent streams per connection and
 //!   the header-list size are bounded.
 
 mod pace;
+mod written;
 
 use pace::{IdleIo, InFlight, Paced};
+use written::Written;
 
 use std::future::Future;
 use std::io;
@@ -68,6 +78,9 @@ pub struct ConnLimits {
     pub min_data_rate: u64,
     /// The longest a TLS handshake may take.
     pub tls_handshake_timeout: Duration,
+    /// The longest a client may leave a response (a stream's next message, an event, a body)
+    /// untaken before its connection is closed and its requests cancelled.
+    pub stream_write_timeout: Duration,
 }
 
 /// How long a request body may arrive slower than the minimum data rate (Kestrel's default).
@@ -82,6 +95,8 @@ const EVICT_WAIT: Duration = Duration::from_millis(200);
 /// What the gate knows of one open connection.
 #[derive(Debug)]
 struct ConnState {
+    /// The gate's epoch, which every `_ms` field counts from.
+    epoch: std::time::Instant,
     /// The peer's address, for the per-peer cap.
     ip: IpAddr,
     /// When it was accepted, in ms since the gate was made.
@@ -90,8 +105,17 @@ struct ConnState {
     in_flight: AtomicUsize,
     /// Requests of this connection whose body is still arriving.
     receiving: AtomicUsize,
-    /// When bytes last moved, in ms since the gate was made.
+    /// When a request last started, sent body bytes, or had body bytes sent to it, or one was
+    /// in flight, in ms since the gate was made. Control frames (HTTP/2 PING, SETTINGS,
+    /// WINDOW_UPDATE) do not count: a client cannot keep an idle connection with them.
     last_active_ms: AtomicU64,
+    /// Response bodies not yet ended.
+    bodies: AtomicUsize,
+    /// Each open response body's stall clock (see [`written`]); dead ones are dropped as the
+    /// clocks are read.
+    handed: std::sync::Mutex<Vec<std::sync::Weak<AtomicU64>>>,
+    /// Since when (ms + 1; 0: not) a write to the socket has been waiting for the client.
+    write_blocked_ms: AtomicU64,
     /// When the server last wrote to it (answered), in ms since the gate was made.
     last_write_ms: AtomicU64,
     /// Bytes read from it since the server last wrote to it.
@@ -107,6 +131,48 @@ struct ConnState {
 }
 
 impl ConnState {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Marks the connection active now.
+    fn touch(&self) {
+        self.last_active_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Registers a response body's stall clock.
+    fn open_body(&self, handed: &Arc<AtomicU64>) {
+        self.bodies.fetch_add(1, Ordering::Relaxed);
+        let mut clocks = self.handed.lock().expect("stall clocks lock");
+        if clocks.len() >= 64 {
+            clocks.retain(|c| c.strong_count() > 0);
+        }
+        clocks.push(Arc::downgrade(handed));
+    }
+
+    fn close_body(&self) {
+        self.bodies.fetch_sub(1, Ordering::Relaxed);
+        self.touch();
+    }
+
+    /// Since when (ms) the client has left something the server has for it untaken: a
+    /// socket write waiting, or a response chunk not taken; `None` when nothing waits.
+    fn stalled_since(&self) -> Option<u64> {
+        let mut oldest = self.write_blocked_ms.load(Ordering::Relaxed);
+        let mut clocks = self.handed.lock().expect("stall clocks lock");
+        clocks.retain(|c| match c.upgrade() {
+            Some(c) => {
+                let since = c.load(Ordering::Relaxed);
+                if since != 0 && (oldest == 0 || since < oldest) {
+                    oldest = since;
+                }
+                true
+            }
+            None => false,
+        });
+        (oldest != 0).then(|| oldest - 1)
+    }
+
     /// Since when the connection has had no answer: its last write, or its opening.
     fn unanswered_since(&self) -> u64 {
         self.last_write_ms
@@ -168,11 +234,15 @@ impl Gate {
     fn register(&self, ip: IpAddr) -> (u64, Arc<ConnState>, bool) {
         let now = self.now_ms();
         let state = Arc::new(ConnState {
+            epoch: self.epoch,
             ip,
             opened_ms: now,
             in_flight: AtomicUsize::new(0),
             receiving: AtomicUsize::new(0),
             last_active_ms: AtomicU64::new(now),
+            bodies: AtomicUsize::new(0),
+            handed: Default::default(),
+            write_blocked_ms: AtomicU64::new(0),
             last_write_ms: AtomicU64::new(now),
             read_since_write: AtomicU64::new(0),
             kill: tokio::sync::Notify::new(),
@@ -219,7 +289,9 @@ impl Gate {
             .by_id
             .values()
             .filter(|c| ip.is_none_or(|ip| c.ip == ip))
-            .filter(|c| c.admitted.load(Ordering::Relaxed) && !c.evicted.load(Ordering::Relaxed));
+            .filter(|c| c.admitted.load(Ordering::Relaxed) && !c.evicted.load(Ordering::Relaxed))
+            // An open response (a stream) is with its client: the write timeout watches it.
+            .filter(|c| c.bodies.load(Ordering::Relaxed) == 0);
         let victim = if self.slow_rate == 0 {
             mine.filter(|c| c.in_flight.load(Ordering::Relaxed) == 0)
                 .map(|c| (c.last_active_ms.load(Ordering::Relaxed), c))
@@ -422,9 +494,9 @@ impl Conn {
         let io = IdleIo {
             inner: tcp,
             idle: limits.idle_timeout,
+            write_timeout: limits.stream_write_timeout,
             timer: Box::pin(tokio::time::sleep(limits.idle_timeout)),
             state: state.clone(),
-            gate: gate.clone(),
             peer,
         };
         let conn_state = state.clone();
@@ -435,10 +507,13 @@ impl Conn {
                 let rate = if is_grpc(&req) { 0 } else { min_rate };
                 let req = req.map(|body| Paced::new(body, &conn_state, rate));
                 let call = tower_call(router.clone(), req);
+                let conn_state = conn_state.clone();
                 async move {
                     let resp = call.await;
                     drop(guard);
-                    resp
+                    resp.map(|r| {
+                        r.map(|body| axum::body::Body::new(Written::new(body, &conn_state)))
+                    })
                 }
             });
         match tls {

@@ -2,27 +2,21 @@
 
 use super::*;
 
-/// Wraps a TCP stream: fails with `TimedOut` once no bytes have moved either way for
-/// `idle` while the connection has no request in flight; tells the gate when bytes move.
+/// Wraps a TCP stream: fails with `TimedOut` once the connection has been idle for `idle`
+/// (no request in flight and no body bytes either way: control frames do not count), or once
+/// its client has left a response untaken for `write_timeout` (a socket write waiting, or a
+/// response chunk hyper could not send for want of the client's flow-control window).
 pub(super) struct IdleIo {
     pub(super) inner: TcpStream,
     pub(super) idle: Duration,
+    pub(super) write_timeout: Duration,
     pub(super) timer: Pin<Box<Sleep>>,
     pub(super) state: Arc<ConnState>,
-    pub(super) gate: Arc<Gate>,
     pub(super) peer: SocketAddr,
 }
 
 impl IdleIo {
-    fn touch(&mut self) {
-        let at = Instant::now() + self.idle;
-        self.timer.as_mut().reset(at);
-        self.state
-            .last_active_ms
-            .store(self.gate.now_ms(), Ordering::Relaxed);
-    }
-
-    /// A write's outcome: progress resets the idle clock; a stall checks it.
+    /// A write's outcome: progress stops the write-stall clock; a stall starts it and checks.
     fn after_write(
         &mut self,
         cx: &mut Context<'_>,
@@ -31,29 +25,70 @@ impl IdleIo {
         match polled {
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
-                    self.touch();
-                    let now = self.gate.now_ms();
+                    let now = self.state.now_ms();
+                    self.state.write_blocked_ms.store(0, Ordering::Relaxed);
                     self.state.last_write_ms.store(now, Ordering::Relaxed);
                     self.state.read_since_write.store(0, Ordering::Relaxed);
                 }
                 Poll::Ready(Ok(n))
             }
-            Poll::Pending => match self.check(cx) {
-                Ok(()) => Poll::Pending,
-                Err(e) => Poll::Ready(Err(e)),
-            },
+            Poll::Pending => {
+                let now = self.state.now_ms();
+                let _ = self.state.write_blocked_ms.compare_exchange(
+                    0,
+                    now + 1,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                match self.check(cx) {
+                    Ok(()) => Poll::Pending,
+                    Err(e) => Poll::Ready(Err(e)),
+                }
+            }
             other => other,
         }
     }
 
+    /// Fails the connection if it is idle or its client has stalled; otherwise arms the timer
+    /// for the next moment either could happen.
     fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        if self.state.in_flight.load(Ordering::Relaxed) > 0 {
-            self.touch();
-            return Ok(());
+        let state = &self.state;
+        let now = state.now_ms();
+        let write_ms = self.write_timeout.as_millis() as u64;
+        let mut next = u64::MAX;
+        if let Some(since) = state.stalled_since() {
+            if now.saturating_sub(since) >= write_ms {
+                tracing::info!(peer = %self.peer, secs = self.write_timeout.as_secs_f32(),
+                    "closing a connection whose client took none of its responses (--stream-write-timeout)");
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "stream write timeout",
+                ));
+            }
+            next = since + write_ms;
         }
-        if self.timer.as_mut().poll(cx).is_ready() {
+        if state.in_flight.load(Ordering::Relaxed) > 0 {
+            state.last_active_ms.store(now, Ordering::Relaxed);
+        }
+        let idle_at = state
+            .last_active_ms
+            .load(Ordering::Relaxed)
+            .saturating_add(self.idle.as_millis() as u64);
+        if now >= idle_at {
             tracing::info!(peer = %self.peer, secs = self.idle.as_secs(), "closing idle connection");
             return Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout"));
+        }
+        next = next.min(idle_at);
+        if state.bodies.load(Ordering::Relaxed) > 0 {
+            // A response body starts its stall clock from its own task: look again soon.
+            next = next.min(now + (write_ms / 4).max(50));
+        }
+        let at = Instant::from_std(state.epoch + Duration::from_millis(next));
+        if self.timer.deadline() != at {
+            self.timer.as_mut().reset(at);
+        }
+        if self.timer.as_mut().poll(cx).is_ready() {
+            cx.waker().wake_by_ref();
         }
         Ok(())
     }
@@ -70,7 +105,6 @@ impl AsyncRead for IdleIo {
             Poll::Ready(Ok(())) => {
                 let read = buf.filled().len() - before;
                 if read > 0 {
-                    self.touch();
                     self.state
                         .read_since_write
                         .fetch_add(read as u64, Ordering::Relaxed);
@@ -123,6 +157,7 @@ pub(super) struct InFlight(Arc<ConnState>);
 
 impl InFlight {
     pub(super) fn new(state: &Arc<ConnState>) -> Self {
+        state.touch();
         state.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(state.clone())
     }
@@ -130,6 +165,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.0.touch();
         self.0.served.store(true, Ordering::Relaxed);
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
@@ -211,6 +247,9 @@ impl hyper::body::Body for Paced {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     self.received += data.len() as u64;
+                    if let Some(state) = &self.state {
+                        state.touch();
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -55,6 +55,13 @@ pub(super) fn admit(
     })
 }
 
+/// A message for the stream's client, with the in-flight budget its memory is charged to
+/// until the stream hands it to the connection.
+pub(super) type Outbound = (
+    Result<pb::ModelStreamInferResponse, Status>,
+    Option<crate::service::Charge>,
+);
+
 /// One request, one response: refused for a decoupled model, as Triton's `ModelInfer` does.
 pub(super) async fn infer(
     service: &Service,
@@ -125,12 +132,16 @@ fn encode(answer: crate::service::Answer) -> pb::ModelInferResponse {
 /// the echoed sequence flags and `triton_final_response`. The final flag alone (after the
 /// last response) is sent only when the request set `triton_enable_empty_final_response`, as
 /// Triton does.
+///
+/// A message the client has not made room for within `write_timeout` cancels the request:
+/// its parts are dropped (the model's next send fails at once) and its budget released.
 async fn stream_decoupled(
     service: &Service,
     a: Admitted,
     trace_parent: Option<TraceParent>,
     request: StreamedRequest,
-    tx: &tokio::sync::mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
+    tx: &tokio::sync::mpsc::Sender<Outbound>,
+    write_timeout: std::time::Duration,
 ) {
     let empty_final = request.empty_final;
     let (name, version) = (a.model.name.clone(), a.model.version.to_string());
@@ -163,7 +174,8 @@ async fn stream_decoupled(
                 None => break,
             };
             request.stamp(&mut msg, part.last);
-            if tx.send(Ok(msg)).await.is_err() || part.last {
+            let sent = tokio::time::timeout(write_timeout, tx.send((Ok(msg), part.held))).await;
+            if !matches!(sent, Ok(Ok(()))) || part.last {
                 break;
             }
         }
@@ -267,7 +279,8 @@ pub(super) async fn model_stream_infer(
     let scope = shm_scope(r.metadata()).map_err(status)?;
     let mut inbound = r.into_inner();
     let service = svc.service.clone();
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let write_timeout = svc.stream_write_timeout;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Outbound>(64);
     // At most this many requests of the stream are in flight, counting responses the client
     // has not read yet: past it the next message is not read, so a client that does not read
     // its responses is slowed down by HTTP/2 flow control instead of buffered without limit.
@@ -290,7 +303,7 @@ pub(super) async fn model_stream_infer(
                 Err(e) => {
                     // The stream ends with the decode error, an oversize message reported
                     // as RESOURCE_EXHAUSTED as for unary calls.
-                    let _ = tx.send(Err(stream_decode_status(e))).await;
+                    let _ = tx.send((Err(stream_decode_status(e)), None)).await;
                     break;
                 }
             };
@@ -322,11 +335,27 @@ pub(super) async fn model_stream_infer(
                 let request = StreamedRequest::of(&req);
                 let admitted = match admit(&service, req, &scope, charged) {
                     Ok(a) if a.model.config.decoupled() => {
-                        stream_decoupled(&service, a, stream_parent, request, &tx).await;
+                        stream_decoupled(&service, a, stream_parent, request, &tx, write_timeout)
+                            .await;
                         return;
                     }
                     Ok(a) => infer(&service, a, stream_parent).await,
                     Err(e) => Err(e),
+                };
+                // The response is charged to the budget while it waits for the client; when
+                // the budget cannot hold it, the client gets the refusal in its place.
+                let held = admitted.as_ref().ok().map(|resp| {
+                    let bytes = resp
+                        .raw_output_contents
+                        .iter()
+                        .map(|b| b.len() as u64)
+                        .sum();
+                    service.admit(bytes)
+                });
+                let (admitted, held) = match held {
+                    Some(Err(e)) => (Err(e), None),
+                    Some(Ok(charge)) => (admitted, Some(charge)),
+                    None => (admitted, None),
                 };
                 let mut msg = match admitted {
                     Ok(resp) => pb::ModelStreamInferResponse {
@@ -339,11 +368,13 @@ pub(super) async fn model_stream_infer(
                     },
                 };
                 request.stamp(&mut msg, true);
-                let _ = tx.send(Ok(msg)).await;
+                let _ = tokio::time::timeout(write_timeout, tx.send((Ok(msg), held))).await;
             });
         }
     }));
-    Ok(Response::new(Box::pin(
+    // A message's charge is released as tonic takes it to encode for the connection.
+    Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(
         tokio_stream::wrappers::ReceiverStream::new(rx),
-    )))
+        |(m, _)| m,
+    ))))
 }

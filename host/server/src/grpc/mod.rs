@@ -109,6 +109,9 @@ pub async fn guard(
 pub struct GrpcService {
     service: Arc<Service>,
     stream_in_flight: usize,
+    /// How long a stream's next message may wait for its client to take the one before
+    /// (`--stream-write-timeout-secs`) before the request it belongs to is cancelled.
+    stream_write_timeout: std::time::Duration,
 }
 
 impl GrpcService {
@@ -118,7 +121,15 @@ impl GrpcService {
         GrpcService {
             service,
             stream_in_flight: stream_in_flight.max(1),
+            stream_write_timeout: std::time::Duration::from_secs(5),
         }
+    }
+
+    /// The same front end cancelling a stream's request once its next message has waited
+    /// `timeout` for the client.
+    pub fn with_stream_write_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.stream_write_timeout = timeout;
+        self
     }
 }
 

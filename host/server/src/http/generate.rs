@@ -64,6 +64,7 @@ pub(super) async fn generate(
                 .send(Part {
                     answer: Some(answer),
                     last: true,
+                    held: None,
                 })
                 .await;
         }

@@ -175,6 +175,12 @@ pub struct Settings {
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub idle_timeout_secs: u64,
 
+    /// Seconds a client may leave a response untaken (a gRPC stream's next message, a
+    /// `generate_stream` event, any body) before its connection is closed and its requests
+    /// cancelled; HTTP/2 PING frames do not extend it.
+    #[arg(long, alias = "stream-write-timeout", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub stream_write_timeout_secs: u64,
+
     /// Most HTTP and gRPC connections open at once (default: three quarters of the open-file
     /// limit); more are closed as they arrive. The metrics endpoint has its own 64.
     #[arg(long)]
