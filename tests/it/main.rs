@@ -12,6 +12,7 @@ mod management;
 mod models;
 mod plugins;
 mod protocols;
+mod routes;
 mod scheduling;
 mod streams;
 mod systemd;

@@ -37,6 +37,37 @@ pub enum ApiGroup {
     Logging,
 }
 
+/// A `/v2/models/…` path after `models`: `{m}`, `{m}/{action}`, `{m}/versions/{v}` or
+/// `{m}/versions/{v}/{action}`. The one reading of a model route: the HTTP router picks its
+/// handler from it and [`ApiGroup::of_http`] its API group, so that a model named after a
+/// route word is never classified by that word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelRoute<'a> {
+    /// The model's name.
+    pub model: &'a str,
+    /// The version, after `versions/`.
+    pub version: Option<&'a str>,
+    /// What is asked of it (`ready`, `infer`, ...); `None`: its metadata.
+    pub action: Option<&'a str>,
+}
+
+/// Reads `rest` (the segments after `/v2/models/`) as a [`ModelRoute`]; `None` for any other
+/// shape.
+pub fn model_route<'a>(rest: &[&'a str]) -> Option<ModelRoute<'a>> {
+    let (model, version, action) = match *rest {
+        [m] => (m, None, None),
+        [m, a] => (m, None, Some(a)),
+        [m, "versions", v] => (m, Some(v), None),
+        [m, "versions", v, a] => (m, Some(v), Some(a)),
+        _ => return None,
+    };
+    Some(ModelRoute {
+        model,
+        version,
+        action,
+    })
+}
+
 impl ApiGroup {
     /// Every group, in Triton's order.
     pub const ALL: [ApiGroup; 9] = [
@@ -83,13 +114,18 @@ impl ApiGroup {
             ["v2", "models", "stats"] => ApiGroup::Statistics,
             // The OpenAI-compatible API (/v1/embeddings, /v1/models) is inference.
             ["v1", ..] => ApiGroup::Inference,
-            ["v2", "models", rest @ ..] if !rest.is_empty() => match rest.last() {
-                Some(&"ready") => ApiGroup::Health,
-                Some(&"infer" | &"generate" | &"generate_stream") => ApiGroup::Inference,
-                Some(&"config") => ApiGroup::ModelConfig,
-                Some(&"stats") => ApiGroup::Statistics,
-                Some(&"trace" | &"setting") => ApiGroup::Trace,
-                _ => ApiGroup::Metadata,
+            ["v2", "models", _, "trace", "setting"] => ApiGroup::Trace,
+            // The same reading of the path as the handler's: a model may be named after any
+            // route word (`ready`, `infer`, `versions`...).
+            ["v2", "models", rest @ ..] if !rest.is_empty() => match model_route(rest) {
+                Some(ModelRoute { action, .. }) => match action {
+                    Some("ready") => ApiGroup::Health,
+                    Some("infer" | "generate" | "generate_stream") => ApiGroup::Inference,
+                    Some("config") => ApiGroup::ModelConfig,
+                    Some("stats") => ApiGroup::Statistics,
+                    _ => ApiGroup::Metadata,
+                },
+                None => ApiGroup::Metadata,
             },
             _ => return None,
         })
@@ -306,10 +342,48 @@ mod tests {
             ("v1/embeddings", Some(Inference)),
             ("v1/models", Some(Inference)),
             ("v1/models/m", Some(Inference)),
+            ("v2/models/m/trace/setting", Some(Trace)),
             ("v3", None),
         ] {
             let segs: Vec<&str> = path.split('/').collect();
             assert_eq!(ApiGroup::of_http(&segs), group, "{path}");
+        }
+        // Models named after every route word: the word's position decides, not the word.
+        for word in [
+            "ready",
+            "infer",
+            "generate",
+            "generate_stream",
+            "config",
+            "stats",
+            "trace",
+            "setting",
+            "versions",
+        ] {
+            let group = |path: String| {
+                let segs: Vec<&str> = path.split('/').collect();
+                ApiGroup::of_http(&segs)
+            };
+            // `/v2/models/stats` is every model's statistics (as in Triton, whatever is loaded).
+            let bare = if word == "stats" {
+                Statistics
+            } else {
+                Metadata
+            };
+            assert_eq!(group(format!("v2/models/{word}")), Some(bare), "{word}");
+            assert_eq!(
+                group(format!("v2/models/{word}/versions/1")),
+                Some(Metadata),
+                "{word}"
+            );
+            assert_eq!(group(format!("v2/models/{word}/ready")), Some(Health));
+            assert_eq!(group(format!("v2/models/{word}/infer")), Some(Inference));
+            assert_eq!(group(format!("v2/models/{word}/config")), Some(ModelConfig));
+            assert_eq!(
+                group(format!("v2/models/m/versions/{word}")),
+                Some(Metadata),
+                "{word}"
+            );
         }
         assert_eq!(
             ApiGroup::of_grpc("/inference.GRPCInferenceService/ModelInfer"),

@@ -116,13 +116,14 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
 }
 
 async fn model_route(app: &AppState, rest: &[&str], method: &Method, req: Request) -> ApiResult {
-    // {m} | {m}/versions/{v} , then optional action
-    let (model, version, action) = match rest {
-        [m] => (*m, None, None),
-        [m, a] => (*m, None, Some(*a)),
-        [m, "versions", v] => (*m, Some(*v), None),
-        [m, "versions", v, a] => (*m, Some(*v), Some(*a)),
-        _ => return Err(Error::not_found("no such model route").into()),
+    // {m} | {m}/versions/{v} , then optional action: read as the API group was
+    let Some(crate::restricted::ModelRoute {
+        model,
+        version,
+        action,
+    }) = crate::restricted::model_route(rest)
+    else {
+        return Err(Error::not_found("no such model route").into());
     };
     match (action, method) {
         (None, &Method::GET) => model_metadata(app, model, version),
