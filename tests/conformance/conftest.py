@@ -88,6 +88,8 @@ def stop_wisp(proc, log):
 @pytest.fixture(scope="session", params=ENGINES)
 def server(request):
     repo = os.path.join(ROOT, "tests", "fixtures", "repo")
-    proc, log, urls = start_wisp(repo, request.param, f"conformance-{request.param}.log")
+    # Client shared memory is off by default (as in Triton 26.05): test_shared_memory needs it.
+    proc, log, urls = start_wisp(repo, request.param, f"conformance-{request.param}.log",
+                                 ["--allow-client-shm=true"])
     yield urls
     stop_wisp(proc, log)

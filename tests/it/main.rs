@@ -12,6 +12,7 @@ mod management;
 mod models;
 mod plugins;
 mod protocols;
+mod reliability;
 mod routes;
 mod scheduling;
 mod streams;

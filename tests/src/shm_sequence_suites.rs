@@ -99,7 +99,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ -1, 16 ] } ]
 instance_group [ { kind: KIND_CPU count: 2 } ]
 "#,
     )?;
-    let server = start_server(rt, dir.path(), engine)?;
+    let server = start_server_with(rt, dir.path(), engine, |s| s.allow_client_shm = true)?;
     let addr = server.http_addr();
     let max_conc = 8;
     let pid = std::process::id();

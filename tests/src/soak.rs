@@ -83,6 +83,7 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
             .arg(&repo)
             .args(["--model-control-mode", "explicit", "--load-model", "*"])
             .arg("--allow-unauthenticated-control")
+            .arg("--allow-client-shm=true")
             .args([
                 "--http-address",
                 "127.0.0.1",

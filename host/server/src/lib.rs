@@ -180,6 +180,7 @@ async fn core_options(
         }),
         shm_key_prefix: settings.shm_key_prefix.clone(),
         shm_max_bytes: settings.shm_max_bytes,
+        allow_client_shm: settings.allow_client_shm,
         shm_require_token: settings.shm_require_token,
         trace,
         trace_export,

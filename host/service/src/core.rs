@@ -109,8 +109,10 @@ pub struct CoreOptions {
     pub max_inflight_bytes: u64,
     /// The prefix every system shared memory key must start with after its `/`.
     pub shm_key_prefix: String,
-    /// Bytes of system shared memory that may be registered at once.
+    /// Bytes of system shared memory one scope (token) may have registered at once.
     pub shm_max_bytes: u64,
+    /// Whether clients may register system shared memory at all (`--allow-client-shm`).
+    pub allow_client_shm: bool,
     /// Refuse shared memory registrations without a token.
     pub shm_require_token: bool,
     /// The trace settings.
@@ -155,6 +157,7 @@ impl CoreOptions {
             max_inflight_bytes: default_max_inflight_bytes(cgroup_memory_max()),
             shm_key_prefix: "wisp".into(),
             shm_max_bytes: crate::shm::DEFAULT_MAX_BYTES,
+            allow_client_shm: false,
             shm_require_token: false,
             trace: TraceConfig::default(),
             trace_export: None,
@@ -296,6 +299,7 @@ impl Core {
                     .min(tokio::sync::Semaphore::MAX_PERMITS),
             )),
             shm: crate::shm::SharedMemory::new(&o.shm_key_prefix, o.shm_max_bytes)
+                .allowing_clients(o.allow_client_shm)
                 .requiring_token(o.shm_require_token),
             remotes: o.sources.clone(),
             trace: TraceControl::new(o.trace.settings, o.trace_export),

@@ -230,9 +230,18 @@ pub struct Settings {
     #[arg(long, default_value_t = false)]
     pub shm_require_token: bool,
 
-    /// Bytes of system shared memory that may be registered at once, all regions together.
+    /// Bytes of system shared memory one token may have registered at once (clients without a
+    /// token share one quota). Regions are read and written through their descriptors, never
+    /// mapped, so this bounds what a scope may name, not the server's memory.
     #[arg(long, default_value_t = DEFAULT_SHM_MAX_BYTES)]
     pub shm_max_bytes: u64,
+
+    /// Let clients register system shared memory regions (Triton's flag, off by default as in
+    /// Triton since 26.05). When on, any client that can reach the server and create a shm
+    /// object on this host can have the server read its inputs from it and write outputs into
+    /// it; `--shm-require-token` then keeps each token's regions and keys its own.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub allow_client_shm: bool,
 
     /// Requests of one gRPC `ModelStreamInfer` stream in flight at once, unread responses
     /// included; past it the stream is not read until the client catches up.

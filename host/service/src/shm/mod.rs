@@ -9,6 +9,14 @@
 //! and size is checked against the window with checked arithmetic before anything is copied.
 //! Keys are shm object names (`/name`, no other `/`), so a region can only ever be an object
 //! of the shared-memory file system, never an ordinary file.
+//!
+//! Client shared memory is off unless the server was started with `--allow-client-shm` (as in
+//! Triton since 26.05): any local process that can create a shm object can otherwise hand the
+//! server its bytes. When on, a key belongs to the [`Scope`] that registered it first, until
+//! that scope's last region over it is unregistered: another scope registering the same key
+//! gets the very answer a missing key gets, so it learns neither the bytes nor that the key
+//! exists. Each scope has its own quota of regions and bytes, and the number of scopes is
+//! capped, so that one token cannot take the registrations of every other.
 
 #[cfg(all(test, unix))]
 mod tests;
@@ -21,6 +29,10 @@ use wisp_core::{Error, Result};
 
 /// Regions registered at once, at most.
 pub const MAX_REGIONS: usize = 1024;
+/// Regions one scope may have registered at once.
+pub const MAX_REGIONS_PER_SCOPE: usize = 64;
+/// Scopes (tokens) with regions registered at once.
+pub const MAX_SCOPES: usize = 64;
 /// The longest region name and shm key.
 pub const MAX_NAME_BYTES: usize = 255;
 
@@ -88,22 +100,70 @@ impl Scope {
     }
 }
 
+/// The registered regions, by scope and name, and who owns each key.
+#[derive(Default)]
+struct Registry {
+    regions: BTreeMap<(Scope, String), Arc<Region>>,
+    /// Each registered key's scope, and how many of its regions use the key.
+    keys: BTreeMap<String, (Scope, usize)>,
+}
+
+impl Registry {
+    fn insert(&mut self, id: (Scope, String), region: Region) {
+        let owner = self
+            .keys
+            .entry(region.status.key.clone())
+            .or_insert_with(|| (id.0.clone(), 0));
+        owner.1 += 1;
+        self.regions.insert(id, Arc::new(region));
+    }
+
+    fn remove(&mut self, id: &(Scope, String)) {
+        if let Some(r) = self.regions.remove(id) {
+            if let Some(owner) = self.keys.get_mut(&r.status.key) {
+                owner.1 -= 1;
+                if owner.1 == 0 {
+                    self.keys.remove(&r.status.key);
+                }
+            }
+        }
+    }
+
+    /// `scope`'s regions and the bytes they window.
+    fn usage(&self, scope: &Scope) -> (usize, u64) {
+        self.regions
+            .iter()
+            .filter(|((s, _), _)| s == scope)
+            .fold((0, 0u64), |(n, bytes), (_, r)| {
+                (n + 1, bytes.saturating_add(r.status.byte_size as u64))
+            })
+    }
+
+    fn scopes(&self) -> usize {
+        let mut scopes: Vec<&Scope> = self.regions.keys().map(|(s, _)| s).collect();
+        scopes.dedup();
+        scopes.len()
+    }
+}
+
 /// The registered regions, by scope and name.
 pub struct SharedMemory {
-    regions: Mutex<BTreeMap<(Scope, String), Arc<Region>>>,
+    regions: Mutex<Registry>,
+    /// Clients may register regions at all (`--allow-client-shm`).
+    allowed: bool,
     /// Registration needs a token (`--shm-require-token`).
     require_token: bool,
     /// What every key must start with after its `/`.
     key_prefix: String,
-    /// The most bytes all regions may window together.
+    /// The most bytes one scope's regions may window together.
     max_bytes: u64,
 }
 
-/// The shared memory a server lets clients register by default (`--shm-max-bytes`): 1 GiB.
+/// The shared memory a server lets each scope register by default (`--shm-max-bytes`): 1 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 
 impl Default for SharedMemory {
-    /// Any shm object, and at most the default 1 GiB registered.
+    /// Any shm object, and at most the default 1 GiB registered per scope.
     fn default() -> Self {
         SharedMemory::new("", DEFAULT_MAX_BYTES)
     }
@@ -132,15 +192,22 @@ impl super::Service {
 }
 
 impl SharedMemory {
-    /// No regions yet; keys must start with `/` then `key_prefix`, and regions may window at
-    /// most `max_bytes` together.
+    /// No regions yet, client registrations allowed; keys must start with `/` then
+    /// `key_prefix`, and one scope's regions may window at most `max_bytes` together.
     pub fn new(key_prefix: &str, max_bytes: u64) -> Self {
         SharedMemory {
             regions: Mutex::default(),
+            allowed: true,
             key_prefix: key_prefix.to_string(),
             max_bytes,
             require_token: false,
         }
+    }
+
+    /// Whether clients may register regions at all (`--allow-client-shm`).
+    pub fn allowing_clients(mut self, allowed: bool) -> Self {
+        self.allowed = allowed;
+        self
     }
 
     /// Refuse registrations without a token ([`TOKEN_HEADER`]).
@@ -159,6 +226,11 @@ impl SharedMemory {
         offset: usize,
         byte_size: usize,
     ) -> Result<()> {
+        if !self.allowed {
+            return Err(Error::forbidden(
+                "client shared memory is disabled on this server: start it with --allow-client-shm=true to let clients register regions",
+            ));
+        }
         if self.require_token && scope.is_shared() {
             return Err(Error::forbidden(format!(
                 "shared memory registration needs a '{TOKEN_HEADER}' header on this server (--shm-require-token): regions belong to the token that registered them"
@@ -182,42 +254,21 @@ impl SharedMemory {
                 "shared memory region '{name}': byte_size must be positive"
             )));
         }
-        {
-            let regions = self.regions.lock().expect("shm lock");
-            if regions.contains_key(&(scope.clone(), name.to_string())) {
-                return Err(Error::new(
-                    wisp_core::ErrorKind::AlreadyExists,
-                    format!("shared memory region '{name}' already in manager"),
-                ));
-            }
-            if regions.len() >= MAX_REGIONS {
-                return Err(Error::exhausted(format!(
-                    "{MAX_REGIONS} shared memory regions are registered already"
-                )));
-            }
-        }
+        self.admissible(
+            &self.regions.lock().expect("shm lock"),
+            scope,
+            name,
+            key,
+            byte_size,
+        )?;
         let map = Mapping::open(key, offset, byte_size)
             .map_err(|e| e.context(format!("shared memory region '{name}'")))?;
         let mut regions = self.regions.lock().expect("shm lock");
-        let id = (scope.clone(), name.to_string());
-        if regions.contains_key(&id) {
-            return Err(Error::new(
-                wisp_core::ErrorKind::AlreadyExists,
-                format!("shared memory region '{name}' already in manager"),
-            ));
-        }
-        let registered = regions
-            .values()
-            .fold(0u64, |sum, r| sum.saturating_add(r.status.byte_size as u64));
-        if registered.saturating_add(byte_size as u64) > self.max_bytes {
-            return Err(Error::exhausted(format!(
-                "shared memory region '{name}': {byte_size} more bytes would take the registered regions past {} bytes (--shm-max-bytes; {registered} registered)",
-                self.max_bytes
-            )));
-        }
+        // Checked again: another registration may have come in while the object was opened.
+        self.admissible(&regions, scope, name, key, byte_size)?;
         regions.insert(
-            id,
-            Arc::new(Region {
+            (scope.clone(), name.to_string()),
+            Region {
                 status: RegionStatus {
                     name: name.to_string(),
                     key: key.to_string(),
@@ -225,7 +276,7 @@ impl SharedMemory {
                     byte_size,
                 },
                 map,
-            }),
+            },
         );
         tracing::info!(
             region = name,
@@ -238,23 +289,82 @@ impl SharedMemory {
         Ok(())
     }
 
+    /// Whether `scope` may register `byte_size` bytes of `key` as `name` now: the key is not
+    /// another scope's (answered as a missing key is), the name is free, and the scope's
+    /// quotas, the cap on scopes and the cap on all regions have room.
+    fn admissible(
+        &self,
+        regions: &Registry,
+        scope: &Scope,
+        name: &str,
+        key: &str,
+        byte_size: usize,
+    ) -> Result<()> {
+        if regions
+            .regions
+            .contains_key(&(scope.clone(), name.to_string()))
+        {
+            return Err(Error::new(
+                wisp_core::ErrorKind::AlreadyExists,
+                format!("shared memory region '{name}' already in manager"),
+            ));
+        }
+        let (count, bytes) = regions.usage(scope);
+        if count == 0 && regions.scopes() >= MAX_SCOPES {
+            return Err(Error::exhausted(format!(
+                "{MAX_SCOPES} shared memory tokens have regions registered already"
+            )));
+        }
+        if count >= MAX_REGIONS_PER_SCOPE {
+            return Err(Error::exhausted(format!(
+                "{MAX_REGIONS_PER_SCOPE} shared memory regions are registered under this token already"
+            )));
+        }
+        if regions.regions.len() >= MAX_REGIONS {
+            return Err(Error::exhausted(format!(
+                "{MAX_REGIONS} shared memory regions are registered already"
+            )));
+        }
+        if bytes.saturating_add(byte_size as u64) > self.max_bytes {
+            return Err(Error::exhausted(format!(
+                "shared memory region '{name}': {byte_size} more bytes would take this token's regions past {} bytes (--shm-max-bytes; {bytes} registered)",
+                self.max_bytes
+            )));
+        }
+        // Last, so that every answer before it is the same for a missing key.
+        if regions
+            .keys
+            .get(key)
+            .is_some_and(|(owner, _)| owner != scope)
+        {
+            return Err(mapping::missing(key).context(format!("shared memory region '{name}'")));
+        }
+        Ok(())
+    }
+
     /// Unregisters `scope`'s region `name`, or every region of `scope` when `None`. Requests
     /// already using a region keep it open until they finish. Unknown names are not an error
     /// (as in Triton).
     pub fn unregister(&self, scope: &Scope, name: Option<&str>) {
         let mut regions = self.regions.lock().expect("shm lock");
-        match name {
-            Some(n) => {
-                regions.remove(&(scope.clone(), n.to_string()));
-            }
-            None => regions.retain(|(s, _), _| s != scope),
+        let ids: Vec<(Scope, String)> = match name {
+            Some(n) => vec![(scope.clone(), n.to_string())],
+            None => regions
+                .regions
+                .keys()
+                .filter(|(s, _)| s == scope)
+                .cloned()
+                .collect(),
+        };
+        for id in &ids {
+            regions.remove(id);
         }
     }
 
     /// The status of `scope`'s region `name` (NOT_FOUND when it is not registered), or of
     /// every region of `scope`.
     pub fn status(&self, scope: &Scope, name: Option<&str>) -> Result<Vec<RegionStatus>> {
-        let regions = self.regions.lock().expect("shm lock");
+        let regions = &self.regions.lock().expect("shm lock").regions;
         match name {
             Some(n) => regions
                 .get(&(scope.clone(), n.to_string()))
@@ -272,6 +382,7 @@ impl SharedMemory {
         self.regions
             .lock()
             .expect("shm lock")
+            .regions
             .get(&(scope.clone(), name.to_string()))
             .cloned()
             .ok_or_else(|| unknown(name))
@@ -438,6 +549,14 @@ mod mapping {
         len: usize,
     }
 
+    /// What registering a key with no shm object behind it answers.
+    pub fn missing(key: &str) -> Error {
+        Error::not_found(format!(
+            "Unable to open shared memory region '{key}': {}",
+            std::io::Error::from_raw_os_error(libc::ENOENT)
+        ))
+    }
+
     fn os_error(what: &str) -> Error {
         let e = std::io::Error::last_os_error();
         match e.kind() {
@@ -546,6 +665,10 @@ mod mapping {
 
     /// System shared memory needs POSIX shm.
     pub struct Mapping;
+
+    pub fn missing(key: &str) -> Error {
+        Error::not_found(format!("Unable to open shared memory region '{key}'"))
+    }
 
     impl Mapping {
         pub fn open(_key: &str, _offset: usize, _byte_size: usize) -> Result<Mapping> {

@@ -190,13 +190,28 @@ fn regions_belong_to_the_token_that_registered_them() {
         shm.unregister(other, None);
     }
     assert_eq!(&shm.read(&alice, &at("r", 0, 4)).unwrap()[..], b"mine");
-    // ... and the same name is free in another scope.
-    shm.register(&bob, "r", &obj.0, 4096, 4096).unwrap();
+    // ... the same name is free in another scope, but alice's key is not: registering it
+    // answers exactly what a missing key answers.
+    let other = Object::new("scope-other", 8192);
+    shm.register(&bob, "r", &other.0, 4096, 4096).unwrap();
+    for who in [&bob, &SHARED] {
+        let taken = shm.register(who, "x", &obj.0, 0, 4).unwrap_err();
+        let missing = format!("{}-gone", obj.0);
+        let gone = shm.register(who, "x", &missing, 0, 4).unwrap_err();
+        assert_eq!(taken.kind(), wisp_core::ErrorKind::NotFound, "{taken}");
+        assert_eq!(
+            taken.message().replace(&obj.0, "KEY"),
+            gone.message().replace(&missing, "KEY")
+        );
+    }
     assert_eq!(shm.status(&alice, None).unwrap()[0].offset, 0);
     assert_eq!(shm.status(&bob, None).unwrap()[0].offset, 4096);
     shm.unregister(&alice, None);
     assert!(shm.status(&alice, None).unwrap().is_empty());
     assert_eq!(shm.status(&bob, None).unwrap().len(), 1);
+    // Once alice's last region over it is gone, the key is free for anyone.
+    shm.register(&bob, "x", &obj.0, 0, 4).unwrap();
+    shm.unregister(&bob, None);
 
     for bad in [
         &b""[..],
@@ -211,4 +226,56 @@ fn regions_belong_to_the_token_that_registered_them() {
     assert_eq!(e.kind(), wisp_core::ErrorKind::Forbidden);
     assert!(e.message().contains(TOKEN_HEADER), "{e}");
     strict.register(&alice, "r", &obj.0, 0, 1).unwrap();
+}
+
+#[test]
+fn quotas_are_per_scope_and_scopes_are_capped() {
+    let obj = Object::new("quota", 1 << 20);
+    let shm = SharedMemory::new("", 64 * 1024);
+    let scope = |i: usize| Scope::from_token(Some(format!("t{i}").as_bytes())).unwrap();
+    // One token takes its whole byte quota, and its region count: others are untouched.
+    shm.register(&scope(0), "big", &obj.0, 0, 64 * 1024)
+        .unwrap();
+    let e = shm.register(&scope(0), "more", &obj.0, 0, 1).unwrap_err();
+    assert_eq!(e.kind(), wisp_core::ErrorKind::Exhausted, "{e}");
+    for i in 0..MAX_REGIONS_PER_SCOPE {
+        shm.register(&scope(1), &format!("r{i}"), &obj.0, 0, 1)
+            .unwrap_or_else(|e| {
+                // scope 1 may not use scope 0's key: that is the refusal of a missing key
+                assert_eq!(e.kind(), wisp_core::ErrorKind::NotFound, "{e}");
+            });
+    }
+    shm.unregister(&scope(0), None);
+    for i in 0..MAX_REGIONS_PER_SCOPE {
+        shm.register(&scope(1), &format!("r{i}"), &obj.0, 0, 1)
+            .unwrap();
+    }
+    let e = shm
+        .register(&scope(1), "one-more", &obj.0, 0, 1)
+        .unwrap_err();
+    assert!(e.message().contains("under this token"), "{e}");
+    // Other tokens still register, with their own keys, up to the cap on tokens.
+    let objects: Vec<Object> = (2..MAX_SCOPES + 2)
+        .map(|i| Object::new(&format!("quota{i}"), 4096))
+        .collect();
+    for (i, o) in (2..).zip(&objects) {
+        let r = shm.register(&scope(i), "r", &o.0, 0, 4096);
+        if i <= MAX_SCOPES {
+            r.unwrap();
+        } else {
+            let e = r.unwrap_err();
+            assert!(e.message().contains("tokens"), "{e}");
+        }
+    }
+    assert_eq!(shm.status(&scope(2), None).unwrap().len(), 1);
+}
+
+#[test]
+fn client_shared_memory_is_refused_unless_allowed() {
+    let obj = Object::new("off", 4096);
+    let off = SharedMemory::default().allowing_clients(false);
+    let e = off.register(&SHARED, "r", &obj.0, 0, 4096).unwrap_err();
+    assert_eq!(e.kind(), wisp_core::ErrorKind::Forbidden);
+    assert!(e.message().contains("--allow-client-shm"), "{e}");
+    assert!(off.status(&SHARED, None).unwrap().is_empty());
 }

@@ -1,0 +1,107 @@
+//! Reliability III: clients that share a host or guess a name cost only themselves. System
+//! shared memory is off unless `--allow-client-shm`, and when on, a key is its registering
+//! token's: another client cannot register it, read it or learn that it exists.
+
+use wisp_server::settings::OnnxEngine;
+use wisp_tests::{copy_dir, fixture_repo, Client};
+
+use crate::common::start_with;
+
+/// A shm object under `/dev/shm`, removed on drop.
+struct ShmObject(String);
+
+impl ShmObject {
+    fn new(tag: &str, bytes: &[u8]) -> Self {
+        let key = format!("/wisp-it-{tag}-{}", std::process::id());
+        std::fs::write(format!("/dev/shm{key}"), bytes).unwrap();
+        ShmObject(key)
+    }
+}
+
+impl Drop for ShmObject {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(format!("/dev/shm{}", self.0));
+    }
+}
+
+fn repo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&fixture_repo().join("add_sub"), &dir.path().join("add_sub")).unwrap();
+    dir
+}
+
+async fn register(c: &mut Client, name: &str, key: &str, token: Option<&str>) -> wisp_tests::Reply {
+    let body = serde_json::json!({ "key": key, "offset": 0, "byte_size": 128 });
+    let mut headers = vec![("content-type", "application/json".to_string())];
+    if let Some(t) = token {
+        headers.push(("wisp-shm-token", t.to_string()));
+    }
+    c.send(
+        "POST",
+        &format!("/v2/systemsharedmemory/region/{name}/register"),
+        &headers,
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_shared_memory_is_off_by_default() {
+    let dir = repo();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |_| {}).await;
+    let obj = ShmObject::new("off", &[7u8; 128]);
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let r = register(&mut c, "r", &obj.0, None).await;
+    assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("--allow-client-shm"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    server.shutdown().await.unwrap();
+}
+
+/// The attack of issue 58: a victim registers a key under its token; a client without the
+/// token registers the same key under its own name. It must get what a missing key gets (404,
+/// the same words), so it can neither read the victim's bytes nor learn that the key exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_belongs_to_the_token_that_registered_it() {
+    let dir = repo();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.allow_client_shm = true;
+    })
+    .await;
+    let secret = ShmObject::new("secret", &[42u8; 128]);
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let r = register(&mut c, "victim", &secret.0, Some("victim-token")).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let missing = format!("{}-missing", secret.0);
+    for token in [None, Some("attacker-token")] {
+        let taken = register(&mut c, "mine", &secret.0, token).await;
+        let gone = register(&mut c, "mine", &missing, token).await;
+        assert_eq!(
+            taken.status,
+            404,
+            "{}",
+            String::from_utf8_lossy(&taken.body)
+        );
+        assert_eq!(gone.status, taken.status);
+        assert_eq!(
+            String::from_utf8_lossy(&taken.body).replace(&secret.0, "KEY"),
+            String::from_utf8_lossy(&gone.body).replace(&missing, "KEY"),
+        );
+    }
+    // The victim's region is intact and still its own.
+    let r = c
+        .send(
+            "GET",
+            "/v2/systemsharedmemory/status",
+            &[("wisp-shm-token", "victim-token".into())],
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&r.body).contains("victim"));
+    server.shutdown().await.unwrap();
+}
