@@ -389,7 +389,7 @@ fn load_version(
         Some(limiter) => {
             let needs = crate::rate_limit::instance_needs(cfg)?;
             for n in &needs {
-                limiter.register(&dir.name, n)?;
+                limiter.check(&dir.name, n)?;
             }
             Some((limiter.clone(), needs))
         }

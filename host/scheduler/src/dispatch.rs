@@ -237,10 +237,35 @@ pub(crate) fn run_batch(
     batch: Vec<Job>,
 ) {
     // Under the rate limiter, wait for this instance's resources (held until it is done).
-    let _permit = shared.limits.get().and_then(|l| {
-        let needs = l.needs.get(slot.index).or(l.needs.last())?;
-        (!needs.resources.is_empty()).then(|| l.limiter.acquire(slot.id, needs))
-    });
+    // The batch is still queued meanwhile, as in Triton: a request whose REJECT queue
+    // timeout passes while it waits is answered with the timeout, and the rest wait on.
+    let mut batch = batch;
+    let mut _permit = None;
+    if let Some(l) = shared.limits.get() {
+        if let Some(needs) = l
+            .needs
+            .get(slot.index)
+            .or(l.needs.last())
+            .filter(|n| !n.resources.is_empty())
+        {
+            loop {
+                let due = batch.iter().filter_map(|j| j.reject_at).min();
+                if let Some(p) = l.limiter.acquire_until(slot.id, needs, due) {
+                    _permit = Some(p);
+                    break;
+                }
+                let now = Instant::now();
+                let (expired, waiting): (Vec<Job>, Vec<Job>) = batch
+                    .into_iter()
+                    .partition(|j| j.reject_at.is_some_and(|d| d <= now));
+                shared.reject_expired(expired);
+                batch = waiting;
+                if batch.is_empty() {
+                    return;
+                }
+            }
+        }
+    }
     slot.busy.store(
         shared.epoch.elapsed().as_nanos() as u64 + 1,
         Ordering::Relaxed,

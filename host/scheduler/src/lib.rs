@@ -135,6 +135,8 @@ struct Limits {
     limiter: Arc<rate_limit::RateLimiter>,
     /// Per instance in start order; instances added later (a resize) take the last one's.
     needs: Vec<rate_limit::Needs>,
+    /// Counts these needs in the pool's totals until the scheduler goes.
+    _hold: rate_limit::Hold,
 }
 
 impl Slot {
@@ -266,7 +268,12 @@ impl Scheduler {
         needs: Vec<rate_limit::Needs>,
     ) {
         if needs.iter().any(|n| !n.resources.is_empty()) {
-            let _ = self.shared.limits.set(Limits { limiter, needs });
+            let _hold = limiter.hold(needs.clone());
+            let _ = self.shared.limits.set(Limits {
+                limiter,
+                needs,
+                _hold,
+            });
         }
     }
 
@@ -359,6 +366,7 @@ impl Scheduler {
         sh.inflight.fetch_add(1, Ordering::SeqCst);
         // A timeout too long for the clock to hold a deadline for never passes.
         let deadline = timeout.and_then(|t| now.checked_add(t));
+        let reject_at = deadline.filter(|_| p.levels[level - 1].action == TimeoutAction::Reject);
         let job = Job {
             request,
             respond,
@@ -366,6 +374,7 @@ impl Scheduler {
             shape_key: key,
             enqueued: now,
             deadline,
+            reject_at,
             seq,
             affinity: instance,
         };
@@ -456,6 +465,7 @@ impl Scheduler {
             shape_key: 0,
             enqueued: Instant::now(),
             deadline: None,
+            reject_at: None,
             seq,
             affinity: None,
         };

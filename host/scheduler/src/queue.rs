@@ -18,6 +18,10 @@ pub(crate) struct Job {
     pub(crate) shape_key: u64,
     pub(crate) enqueued: Instant,
     pub(crate) deadline: Option<Instant>,
+    /// When it is answered with a timeout if it has not started by then: its queue deadline
+    /// under a REJECT policy (kept while it waits for the rate limiter's resources, where it
+    /// is still queued in Triton's sense).
+    pub(crate) reject_at: Option<Instant>,
     pub(crate) seq: u64,
     /// The only instance that may run it (a sequence's instance).
     pub(crate) affinity: Option<usize>,

@@ -4,8 +4,10 @@
 //! shares a resource with them.
 //!
 //! Resources are counted, server-wide. A resource's total is what `--rate-limit-resource`
-//! gives it, or else the most any one instance asks for (Triton's default: at least one such
-//! instance can always run). Waiting instances are served by weighted turns, as Triton's
+//! gives it, or else the most any one instance of a loaded model asks for (Triton's default:
+//! at least one such instance can always run), recomputed as models load and unload, so that
+//! a model gone no longer sets anyone's limit. A batch waiting for its instance's resources is
+//! still queued: its requests' REJECT queue timeouts apply ([`RateLimiter::acquire_until`]). Waiting instances are served by weighted turns, as Triton's
 //! `priority` is: an instance of priority 2 gets half the turns of one of priority 1 when both
 //! wait (virtual time, as in weighted fair queueing: an instance that executes often, briefly,
 //! is not put behind ones that execute rarely but long). An instance whose group names no resources is never held back.
@@ -51,6 +53,43 @@ struct State {
     /// The turn of the latest grant.
     now: u64,
     next_arrival: u64,
+    /// The needs of every loaded model's instances, by [`Hold`].
+    held: HashMap<u64, Vec<Needs>>,
+    next_hold: u64,
+}
+
+impl State {
+    /// Each resource's total: fixed by a flag, or the most a held need asks for.
+    fn recompute(&mut self) {
+        let mut total = self.fixed.clone();
+        for needs in self.held.values().flatten() {
+            for (r, n) in &needs.resources {
+                if !self.fixed.contains_key(r) {
+                    let t = total.entry(r.clone()).or_insert(0);
+                    *t = (*t).max(*n);
+                }
+            }
+        }
+        self.total = total;
+    }
+}
+
+/// A loaded model's instances' needs, counted in the totals until dropped (when the model's
+/// scheduler goes).
+#[derive(Debug)]
+pub struct Hold {
+    limiter: Arc<RateLimiter>,
+    id: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut s = self.limiter.lock();
+        s.held.remove(&self.id);
+        s.recompute();
+        drop(s);
+        self.limiter.freed.notify_all();
+    }
 }
 
 /// Resources held by an executing instance; given back when dropped.
@@ -91,26 +130,36 @@ impl RateLimiter {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Makes `needs` known, before any of its instances runs: it raises the totals of
-    /// resources no flag fixed, and refuses needs a fixed total can never meet.
-    pub fn register(&self, model: &str, needs: &Needs) -> Result<()> {
-        let mut s = self.lock();
+    /// Refuses needs a fixed total can never meet (before any of `model`'s instances runs).
+    pub fn check(&self, model: &str, needs: &Needs) -> Result<()> {
+        let s = self.lock();
         for (r, n) in &needs.resources {
-            match s.fixed.get(r) {
-                Some(&fixed) if *n > fixed => {
+            if let Some(&fixed) = s.fixed.get(r) {
+                if *n > fixed {
                     return Err(Error::invalid(format!(
                         "model '{model}': instance_group rate_limiter asks for {n} of resource \
                          '{r}', but --rate-limit-resource provides {fixed}: it could never run"
-                    )))
-                }
-                Some(_) => {}
-                None => {
-                    let t = s.total.entry(r.clone()).or_insert(0);
-                    *t = (*t).max(*n);
+                    )));
                 }
             }
         }
         Ok(())
+    }
+
+    /// Counts `needs` (one model's instances) in the totals of resources no flag fixed, until
+    /// the returned hold drops.
+    pub fn hold(self: &Arc<Self>, needs: Vec<Needs>) -> Hold {
+        let mut s = self.lock();
+        let id = s.next_hold;
+        s.next_hold += 1;
+        s.held.insert(id, needs);
+        s.recompute();
+        drop(s);
+        self.freed.notify_all();
+        Hold {
+            limiter: self.clone(),
+            id,
+        }
     }
 
     /// Waits until `needs` fits and it is this waiter's turn, then holds the resources until
@@ -118,6 +167,17 @@ impl RateLimiter {
     /// waiters, the first in turn order whose needs fit goes: one that cannot fit yet does not
     /// hold back those behind it, and among those that fit, fewer weighted turns go first.
     pub fn acquire<'a>(&'a self, who: usize, needs: &'a Needs) -> Permit<'a> {
+        self.acquire_until(who, needs, None)
+            .expect("without a deadline, the wait ends with the resources")
+    }
+
+    /// [`RateLimiter::acquire`], giving up at `until` (`None`: never).
+    pub fn acquire_until<'a>(
+        &'a self,
+        who: usize,
+        needs: &'a Needs,
+        until: Option<std::time::Instant>,
+    ) -> Option<Permit<'a>> {
         let mut s = self.lock();
         // An instance that has not waited for a while starts at the current turn, not at the
         // few turns it took long ago (nor does one that runs often owe the turns it took while
@@ -139,15 +199,34 @@ impl RateLimiter {
                 drop(s);
                 // the others look again: the next in turn may fit what is left
                 self.freed.notify_all();
-                return Permit {
+                return Some(Permit {
                     limiter: self,
                     needs,
-                };
+                });
             }
-            s = self
-                .freed
-                .wait(s)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match until {
+                None => {
+                    s = self
+                        .freed
+                        .wait(s)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+                Some(until) => {
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        s.waiting.remove(&key);
+                        drop(s);
+                        // one that fits behind this waiter may go now
+                        self.freed.notify_all();
+                        return None;
+                    }
+                    s = self
+                        .freed
+                        .wait_timeout(s, left)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0;
+                }
+            }
         }
     }
 }
@@ -218,16 +297,38 @@ mod tests {
     }
 
     #[test]
-    fn totals_default_to_the_largest_need_and_a_fixed_total_refuses_more() {
+    fn totals_follow_the_loaded_models_and_a_fixed_total_refuses_more() {
         let l = RateLimiter::new(HashMap::from([("fixed".to_string(), 2)]));
-        l.register("m", &needs("free", 3, 1)).unwrap();
-        l.register("m", &needs("free", 1, 1)).unwrap();
+        let small = l.hold(vec![needs("free", 1, 1)]);
+        let big = l.hold(vec![needs("free", 3, 1), needs("fixed", 2, 1)]);
         assert_eq!(l.lock().total["free"], 3);
-        let e = l.register("m", &needs("fixed", 3, 1)).unwrap_err();
+        assert_eq!(l.lock().total["fixed"], 2);
+        // The model asking for 3 unloads: its ask no longer sets anyone's limit.
+        drop(big);
+        assert_eq!(l.lock().total["free"], 1);
+        assert_eq!(l.lock().total["fixed"], 2, "a flag's total stays");
+        drop(small);
+        assert!(!l.lock().total.contains_key("free"));
+        let e = l.check("m", &needs("fixed", 3, 1)).unwrap_err();
         assert!(
             e.message().contains("provides 2: it could never run"),
             "{e}"
         );
+        l.check("m", &needs("free", 1 << 20, 1)).unwrap();
+    }
+
+    #[test]
+    fn a_waiter_gives_up_at_its_deadline_and_leaves_the_line() {
+        let l = RateLimiter::new(HashMap::from([("R".to_string(), 1)]));
+        let one = needs("R", 1, 1);
+        let held = l.acquire(0, &one);
+        let started = Instant::now();
+        let until = started + Duration::from_millis(50);
+        assert!(l.acquire_until(1, &one, Some(until)).is_none());
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert_eq!(l.waiting(), 0, "it left the line");
+        drop(held);
+        assert!(l.acquire_until(1, &one, Some(Instant::now())).is_some());
     }
 
     #[test]

@@ -58,7 +58,7 @@ fn widest(limiter: Option<Arc<RateLimiter>>) -> usize {
                     resources: vec![("CORE".into(), 1)],
                     priority: 1,
                 };
-                l.register(name, &needs).unwrap();
+                l.check(name, &needs).unwrap();
                 s.set_rate_limits(l.clone(), vec![needs]);
             }
             s
@@ -87,4 +87,57 @@ fn instances_sharing_a_resource_take_turns_across_models() {
     assert_eq!(widest(Some(limiter)), 1);
     // the same load without the limiter runs them side by side (the test can fail)
     assert!(widest(None) >= 2);
+}
+
+/// A request waiting for its instance's resources is still queued: its REJECT queue timeout
+/// (300 ms) answers it, instead of it running when the resources come back a second later.
+#[test]
+fn a_queue_timeout_applies_while_waiting_for_resources() {
+    use super::{dynamic, QueuePolicy};
+    let limiter = RateLimiter::new(HashMap::from([("CORE".to_string(), 1)]));
+    let running = Arc::new(AtomicUsize::new(0));
+    let widest = Arc::new(AtomicUsize::new(0));
+    let instance = Box::new(Counting {
+        running: running.clone(),
+        widest: widest.clone(),
+    }) as Box<dyn Instance>;
+    let queue = QueuePolicy {
+        default_timeout_microseconds: 300_000,
+        ..Default::default()
+    };
+    let s = Scheduler::start(
+        "limited",
+        policy(4, dynamic(|d| d.default_queue_policy = Some(queue))),
+        vec![instance],
+        None,
+    )
+    .unwrap();
+    let needs = Needs {
+        resources: vec![("CORE".into(), 1)],
+        priority: 1,
+    };
+    limiter.check("limited", &needs).unwrap();
+    s.set_rate_limits(limiter.clone(), vec![needs.clone()]);
+    // Another model's instance holds the only CORE for a second.
+    let taken = limiter.acquire(usize::MAX, &needs);
+    let (tx, rx) = channel();
+    let started = std::time::Instant::now();
+    s.enqueue(
+        req("late", 1, serde_json::json!({})),
+        Box::new(move |r| tx.send(r).unwrap()),
+    )
+    .unwrap();
+    let answer = rx.recv_timeout(WAIT).unwrap();
+    let waited = started.elapsed();
+    drop(taken);
+    let Err(e) = answer else {
+        panic!("the request ran: it should have been rejected in the queue");
+    };
+    assert!(e.message().contains("Request timeout expired"), "{e}");
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_millis(900),
+        "answered after {waited:?}"
+    );
+    assert_eq!(widest.load(Ordering::SeqCst), 0, "it never ran");
+    assert_eq!(s.stats().failures(crate::FailReason::Rejected), 1);
 }
