@@ -105,3 +105,60 @@ async fn a_key_belongs_to_the_token_that_registered_it() {
     assert!(String::from_utf8_lossy(&r.body).contains("victim"));
     server.shutdown().await.unwrap();
 }
+
+/// Refuse before you read: a load over a closed control plane is answered 403 from its head,
+/// before its (here 50 MB, never sent) body is read or parsed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_load_is_answered_before_its_body_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = repo();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.model_control_mode = wisp_server::settings::ControlMode::Explicit;
+        s.load_model = vec!["add_sub".into()];
+    })
+    .await;
+    let mut tcp = tokio::net::TcpStream::connect(server.http_addr())
+        .await
+        .unwrap();
+    tcp.write_all(
+        b"POST /v2/repository/models/big/load HTTP/1.1\r\nHost: x\r\n\
+          Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n\
+          {\"parameters\": {\"file:1/model.onnx\": \"AAAA",
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read(&mut buf))
+        .await
+        .expect("answered without the body")
+        .unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    assert!(head.contains("--allow-unauthenticated-control"), "{head}");
+    server.shutdown().await.unwrap();
+}
+
+/// A request's parameters are bounded in number, over HTTP and gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameters_are_capped() {
+    let dir = repo();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |_| {}).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let many: serde_json::Map<String, serde_json::Value> = (0..=wisp_core::infer::MAX_PARAMETERS)
+        .map(|i| (format!("p{i}"), serde_json::Value::from(i)))
+        .collect();
+    let body = serde_json::json!({
+        "parameters": many,
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
+            {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
+        ]
+    });
+    let r = c
+        .post_json("/v2/models/add_sub/infer", &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert!(String::from_utf8_lossy(&r.body).contains("parameters"));
+    server.shutdown().await.unwrap();
+}

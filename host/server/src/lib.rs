@@ -338,6 +338,7 @@ impl Server {
                     Arc::new(grpc::GuardState {
                         restricted: resolved.grpc_restricted,
                         budget: service.budget().clone(),
+                        service: service.clone(),
                     }),
                     grpc::guard,
                 ));

@@ -63,6 +63,9 @@ fn override_path(path: &str) -> Result<std::path::PathBuf> {
     {
         return Err(bad("the path must be relative, without '.' or '..'"));
     }
+    if path.split('/').any(|seg| seg.len() > 255) {
+        return Err(bad("each name in the path must have at most 255 bytes"));
+    }
     let p = std::path::Path::new(path);
     let mut parts = Vec::new();
     for c in p.components() {
@@ -141,8 +144,10 @@ impl LoadRequest {
 impl Service {
     /// Refuses repository control unless the server runs in explicit mode and the caller's
     /// front end has its control plane open (and for named repositories, which Wisp does not
-    /// support).
-    fn check_control(&self, repository: &str, caller: Caller) -> Result<()> {
+    /// support). The front ends call it before they read a load request's body, so that a
+    /// refused caller costs nothing to parse; [`Service::load`] and [`Service::unload`] check
+    /// it again.
+    pub fn check_control(&self, repository: &str, caller: Caller) -> Result<()> {
         if !repository.is_empty() {
             return Err(Error::unsupported(
                 "'repository_name' specification is not supported",
@@ -334,6 +339,12 @@ mod tests {
         ] {
             assert!(override_path(bad).is_err(), "{bad}");
         }
+        // A name the file system would refuse (ENAMETOOLONG) is the client's error, named.
+        let long = format!("1/{}", "a".repeat(300));
+        let e = override_path(&long).unwrap_err();
+        assert_eq!(e.kind(), wisp_core::ErrorKind::InvalidArg);
+        assert!(e.message().contains("255 bytes"), "{e}");
+        assert!(override_path(&format!("1/{}", "a".repeat(255))).is_ok());
     }
 
     #[test]

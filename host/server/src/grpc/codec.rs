@@ -93,7 +93,12 @@ impl<U: Message + Default + Send + 'static> Decoder for BudgetDecoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         if TypeId::of::<U>() == TypeId::of::<pb::ModelInferRequest>() {
-            let cost = infer_request_cost(bytes::Buf::chunk(buf));
+            let msg = bytes::Buf::chunk(buf);
+            // Refused before prost builds a map of them.
+            let most = most_parameters(msg);
+            wisp_core::infer::check_parameter_count(most, "the request (or one of its tensors)")
+                .map_err(super::status)?;
+            let cost = infer_request_cost(msg);
             let charged = CALL.try_with(|c| -> Result<(), Status> {
                 let mut charge = Charge::new(&c.budget);
                 charge.grow_to(cost).map_err(super::status)?;
@@ -110,6 +115,29 @@ impl<U: Message + Default + Send + 'static> Decoder for BudgetDecoder<U> {
     fn buffer_settings(&self) -> tonic::codec::BufferSettings {
         self.0.buffer_settings()
     }
+}
+
+/// The most parameters the `ModelInferRequest` encoded in `msg` gives itself or any one of its
+/// inputs or outputs (each map entry is one field occurrence).
+pub fn most_parameters(msg: &[u8]) -> usize {
+    let mut top = 0usize;
+    let mut most = 0usize;
+    let _ = walk(msg, |field, value| match (field, value) {
+        (4, _) => top += 1,
+        (5 | 6, Value::Len(tensor)) => {
+            // an input's parameters are its field 4, an output's its field 2
+            let own = if field == 5 { 4 } else { 2 };
+            let mut n = 0usize;
+            let _ = walk(tensor, |f, _| {
+                if f == own {
+                    n += 1;
+                }
+            });
+            most = most.max(n);
+        }
+        _ => {}
+    });
+    most.max(top)
 }
 
 /// What a `ModelInferRequest` encoded in `msg` will hold once decoded and converted: its raw
@@ -251,6 +279,32 @@ mod tests {
         let msg = request(contents, 100).encode_to_vec();
         assert!(msg.len() < (2 << 20), "a megabyte encoded...");
         assert_eq!(infer_request_cost(&msg), want, "...holds sixteen decoded");
+    }
+
+    #[test]
+    fn parameters_are_counted_before_decoding() {
+        let param = || pb::InferParameter {
+            parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(true)),
+        };
+        let mut req = request(pb::InferTensorContents::default(), 0);
+        for i in 0..5 {
+            req.parameters.insert(format!("p{i}"), param());
+        }
+        for i in 0..9 {
+            req.inputs[0].parameters.insert(format!("i{i}"), param());
+        }
+        req.outputs
+            .push(pb::model_infer_request::InferRequestedOutputTensor {
+                name: "y".into(),
+                parameters: (0..7).map(|i| (format!("o{i}"), param())).collect(),
+            });
+        assert_eq!(most_parameters(&req.encode_to_vec()), 9);
+        req.parameters = (0..=wisp_core::infer::MAX_PARAMETERS)
+            .map(|i| (format!("p{i}"), param()))
+            .collect();
+        let n = most_parameters(&req.encode_to_vec());
+        assert_eq!(n, wisp_core::infer::MAX_PARAMETERS + 1);
+        assert!(wisp_core::infer::check_parameter_count(n, "the request").is_err());
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub struct GuardState {
     pub restricted: crate::restricted::Restrictions,
     /// The service's in-flight budget.
     pub budget: Arc<tokio::sync::Semaphore>,
+    /// The service, whose control-plane policy refuses a load before its message is decoded.
+    pub service: Arc<Service>,
 }
 
 /// Runs before every gRPC call: refuses calls to restricted groups that lack their header
@@ -87,6 +89,16 @@ pub async fn guard(
                 "This protocol is restricted, expecting header '{header}'"
             ))
             .into_http();
+        }
+    }
+    // A refused load or unload costs nothing to decode (its files may be large).
+    let path = req.uri().path();
+    if path.ends_with("/RepositoryModelLoad") || path.ends_with("/RepositoryModelUnload") {
+        if let Err(e) = state
+            .service
+            .check_control("", crate::service::control::Caller::Grpc)
+        {
+            return status(e).into_http();
         }
     }
     let mut resp = codec::CALL

@@ -162,6 +162,8 @@ pub(super) async fn control(
     action: &str,
     req: Request,
 ) -> ApiResult {
+    // Refused before the body is read: a closed control plane costs nothing to parse.
+    app.service.check_control(repository, Caller::Http)?;
     let body = json_body(app, req).await?;
     let params = match body.get("parameters") {
         None | Some(Value::Null) => serde_json::Map::new(),

@@ -45,6 +45,13 @@ fn obj<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
         .ok_or_else(|| Error::invalid(format!("{what} must be a JSON object")))
 }
 
+/// A `parameters` object, at most [`wisp_core::infer::MAX_PARAMETERS`] of them.
+fn params<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
+    let p = obj(v, what)?;
+    wisp_core::infer::check_parameter_count(p.len(), what)?;
+    Ok(p)
+}
+
 /// Splits the body at `header_len` and decodes it for the model `sig` describes.
 pub fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result<Decoded> {
     let (json, mut binary) = match header_len {
@@ -76,7 +83,7 @@ pub fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result
     };
     let parameters = match root.get("parameters") {
         None | Some(Value::Null) => Map::new(),
-        Some(p) => obj(p, "'parameters'")?.clone(),
+        Some(p) => params(p, "'parameters'")?.clone(),
     };
     let binary_default = match parameters.get("binary_data_output") {
         None => false,
@@ -174,7 +181,7 @@ fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, sig: &Signature) -> 
     let count = element_count(&shape).map_err(|e| at(e.message().to_string()))?;
     let params = match o.get("parameters") {
         None | Some(Value::Null) => None,
-        Some(p) => Some(obj(p, &format!("input '{name}' parameters"))?),
+        Some(p) => Some(params(p, &format!("input '{name}' parameters"))?),
     };
     let binary_size = match params.and_then(|p| p.get("binary_data_size")) {
         None => None,
@@ -237,7 +244,7 @@ fn decode_output(i: usize, v: &Value) -> Result<OutputSpec> {
         ..Default::default()
     };
     if let Some(p) = o.get("parameters").filter(|p| !p.is_null()) {
-        let p = obj(p, &format!("output '{}' parameters", spec.name))?;
+        let p = params(p, &format!("output '{}' parameters", spec.name))?;
         if let Some(b) = p.get("binary_data") {
             spec.binary = Some(b.as_bool().ok_or_else(|| {
                 Error::invalid(format!(

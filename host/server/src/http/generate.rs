@@ -87,12 +87,26 @@ pub(super) async fn generate(
             None => rx.recv().await?,
         };
         let last = part.last;
-        let event = match part.answer {
-            Some(Ok(a)) => Some(response_json(&a).unwrap_or_else(|e| error_json(&e))),
-            Some(Err(e)) => Some(error_json(&e)),
-            None => None,
+        let event = |answer: Option<Result<Answer>>| {
+            let event = match answer {
+                Some(Ok(a)) => Some(response_json(&a).unwrap_or_else(|e| error_json(&e))),
+                Some(Err(e)) => Some(error_json(&e)),
+                None => None,
+            };
+            event.map_or_else(Bytes::new, |v| Bytes::from(format!("data: {v}\n\n")))
         };
-        let chunk = event.map_or_else(Bytes::new, |v| Bytes::from(format!("data: {v}\n\n")));
+        // A large event is encoded off the async workers (see `infer`).
+        let large = matches!(&part.answer, Some(Ok(a)) if answer_bytes(a) > INLINE_DECODE_BYTES);
+        let chunk = if large {
+            let answer = part.answer;
+            tokio::task::spawn_blocking(move || event(answer))
+                .await
+                .unwrap_or_else(|_| {
+                    Bytes::from_static(b"data: {\"error\":\"response encoding panicked\"}\n\n")
+                })
+        } else {
+            event(part.answer)
+        };
         if last {
             // Closing the receiver after the last part: nothing else is read.
             rx.close();

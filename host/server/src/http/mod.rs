@@ -254,7 +254,15 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
         .service
         .infer(m, decoded, received, trace_parent)
         .await?;
-    let enc = codec::encode(&answer);
+    // Large answers (JSON text of megabytes of numbers) are encoded off the async workers, so
+    // that health checks and other connections are not kept waiting behind them.
+    let enc = if answer_bytes(&answer) > INLINE_DECODE_BYTES {
+        tokio::task::spawn_blocking(move || codec::encode(&answer))
+            .await
+            .map_err(|_| Error::internal("response encoding panicked"))?
+    } else {
+        codec::encode(&answer)
+    };
     let mut resp = Response::new(Body::from(enc.body));
     let h = resp.headers_mut();
     match enc.header_len {
@@ -273,6 +281,11 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
         }
     }
     Ok(resp)
+}
+
+/// The bytes an answer's tensors hold.
+pub(crate) fn answer_bytes(answer: &crate::service::Answer) -> usize {
+    answer.outputs.iter().map(|(_, t)| t.data.len()).sum()
 }
 
 fn duration_json(d: Duration) -> Value {
