@@ -346,6 +346,28 @@ def test_a_key_that_cannot_be_a_path_costs_only_its_model(store, tmp_path, monke
     assert not (tmp_path / "escape").exists()
 
 
+@pytest.mark.parametrize("store", ["s3"], indirect=True)
+def test_a_key_whose_first_segment_is_dotdot_is_skipped(store, tmp_path, monkeypatch):
+    """A key `prefix/../x` fails even the listing of the model directories: it is skipped and
+    reported, every other model syncs and start-up succeeds, and nothing is written outside
+    the mirror."""
+    upload_dir(store, FIXTURE, "repo5/add_sub")
+    store.put("repo5/../escape5", b"x")
+    for k, v in env_for(store, tmp_path).items():
+        monkeypatch.setenv(k, v)
+    proc, log, urls = start_wisp(store.url("repo5"), "tract", "conformance-s3-dotdot.log",
+                                 ["--model-control-mode", "poll", "--repository-poll-secs", "1"])
+    try:
+        assert infer(urls["url"]) == "1"
+        upload_dir(store, os.path.join(FIXTURE, "1"), "repo5/add_sub/2")
+        wait_for(lambda: infer(urls["url"]) == "2")
+    finally:
+        stop_wisp(proc, log)
+    text = open(log.name).read()
+    assert "first segment cannot be a path" in text, text[-3000:]
+    assert not (tmp_path / "escape5").exists()
+
+
 @pytest.mark.parametrize("store", ["as"], indirect=True)
 def test_az_urls_take_the_account_from_the_environment(store, tmp_path, monkeypatch):
     """`az://container/prefix` with Triton's AZURE_STORAGE_ACCOUNT naming the account."""

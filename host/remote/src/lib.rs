@@ -9,9 +9,11 @@
 //! registry then loads what changed with its usual load-beside-then-swap, so a version that is
 //! partial in the bucket fails its own load and never replaces the serving one.
 
+mod owned;
 mod source;
 #[cfg(test)]
 mod tests;
+mod top;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -88,6 +90,7 @@ impl RemoteRepo {
             use sha2::Digest;
             wisp_service::models::signing::hex(&sha2::Sha256::digest(url.as_bytes()))
         };
+        owned::own_dir(cache_root)?;
         let local = cache_root.join(format!("{}-{}", sanitize(&bucket.name), &digest[..16]));
         std::fs::create_dir_all(&local).map_err(|e| {
             Error::internal(format!(
@@ -214,19 +217,9 @@ impl RemoteRepo {
     /// The model directories under the prefix (one delimiter listing), then each model's
     /// objects on their own; a model whose listing fails is skipped and reported.
     async fn list_by_model(&self) -> Result<Listing> {
-        let top = self
-            .store
-            .list_with_delimiter((!self.prefix.as_ref().is_empty()).then_some(&self.prefix))
-            .await
-            .map_err(|e| self.list_failed(e))?;
         let mut listing = Listing::default();
-        for dir in top.common_prefixes.iter().take(MAX_OBJECTS) {
-            let Some(model) = dir
-                .filename()
-                .filter(|m| wisp_core::repository::is_model_name(m))
-            else {
-                continue;
-            };
+        for model in self.model_dirs().await? {
+            let model = model.as_str();
             match self.list(Some(model)).await {
                 Ok(found) => listing.models.extend(found),
                 Err(e) => {
