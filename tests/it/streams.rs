@@ -117,17 +117,21 @@ fn stream_request(count: i64) -> pb::ModelInferRequest {
 /// (a JSON body is charged five times its size) that add_sub cannot take, so a free budget
 /// answers 400 after reading it and a spent one 503.
 async fn budget_has_room(addr: std::net::SocketAddr, bytes: usize) -> bool {
-    // Its own connection: a 503 answered before the body is read closes it.
+    // Its own connection: a 503 answered before the body is read closes it (the client may
+    // then fail to write the rest: that too is the budget refusing it; a 400 comes only after
+    // the whole body was read).
     let mut c = Client::connect(addr).await.unwrap();
-    let r = c
+    let sent = c
         .send(
             "POST",
             "/v2/models/add_sub/infer",
             &[("content-type", "application/json".into())],
             vec![b' '; bytes / 5],
         )
-        .await
-        .unwrap();
+        .await;
+    let Ok(r) = sent else {
+        return false;
+    };
     assert!(
         r.status == 400 || r.status == 503,
         "{} {}",
@@ -237,5 +241,124 @@ async fn unread_sse_streams_are_charged_then_cut() {
         "the budget was still held 5 s after the non-reader was cut"
     );
     drop(bad.responses);
+    server.shutdown().await.unwrap();
+}
+
+/// One connection holds at most `--max-decoupled-per-connection` streaming requests, across
+/// its streams; past it a request is refused at once (503), and other connections are not
+/// affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_requests_per_connection_are_capped() {
+    let dir = repo();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.max_decoupled_per_connection = 2;
+        s.stream_write_timeout_secs = 30;
+    })
+    .await;
+    // Events of a few hundred bytes: h2's client refuses a flood of tiny unread DATA frames.
+    let body =
+        Bytes::from(serde_json::to_vec(&json!({"INPUT": vec![1; 128], "count": 10_000})).unwrap());
+    let start = |client: h2::client::SendRequest<Bytes>| {
+        let body = body.clone();
+        async move {
+            let mut client = client.ready().await.unwrap();
+            let req = hyper::Request::builder()
+                .method("POST")
+                .uri("http://127.0.0.1/v2/models/big_stream/generate_stream")
+                .header("content-type", "application/json")
+                .body(())
+                .unwrap();
+            let (resp, mut tx) = client.send_request(req, false).unwrap();
+            tx.send_data(body, true).unwrap();
+            resp.await.unwrap()
+        }
+    };
+    let one = NonReader::connect(server.http_addr()).await;
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let r = start(one.client.clone()).await;
+        assert_eq!(r.status(), 200);
+        open.push(r);
+    }
+    let refused = start(one.client.clone()).await;
+    assert_eq!(refused.status(), 503);
+    // Another connection has its own slots.
+    let two = NonReader::connect(server.http_addr()).await;
+    assert_eq!(start(two.client.clone()).await.status(), 200);
+    drop(open);
+    server.shutdown().await.unwrap();
+}
+
+/// At the connection cap, a connection with an open gRPC stream that rests is not taken for
+/// an idle one: a new connection evicts a truly idle connection instead, and the stream goes
+/// on answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resting_stream_is_not_evicted_as_idle() {
+    let dir = repo();
+    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
+        s.max_connections = Some(2);
+    })
+    .await;
+    let addr = server.grpc_addr().unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2c, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut sender = h2c.ready().await.unwrap();
+    let (resp, mut tx) = sender
+        .send_request(grpc_request("ModelStreamInfer").body(()).unwrap(), false)
+        .unwrap();
+    let data = wisp_tests::f32_bytes(&[1.0; 16]);
+    let input = |n: &str| pb::model_infer_request::InferInputTensor {
+        name: n.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    let msg = pb::ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![input("INPUT0"), input("INPUT1")],
+        raw_input_contents: vec![data.clone().into(), data.into()],
+        ..Default::default()
+    };
+    let frame = wisp_tests::grpc_frame(&msg);
+    tx.send_data(frame.clone(), false).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    let mut buf = Vec::new();
+    let deadline = Duration::from_secs(20);
+    let first: pb::ModelStreamInferResponse =
+        tokio::time::timeout(deadline, wisp_tests::next_message(&mut body, &mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(first.error_message, "");
+    // A second connection that never asks anything, then the stream rests past EVICT_AFTER.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A third connection at the cap of two: the idle one goes, not the stream's.
+    let third = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut b = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(3), async {
+        use tokio::io::AsyncReadExt;
+        loop {
+            match idle.read(&mut b).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    assert!(closed, "the idle connection was not the one evicted");
+    tx.send_data(frame, false).unwrap();
+    let second: pb::ModelStreamInferResponse =
+        tokio::time::timeout(deadline, wisp_tests::next_message(&mut body, &mut buf))
+            .await
+            .expect("the resting stream was evicted")
+            .unwrap();
+    assert_eq!(second.error_message, "");
+    tx.send_data(Bytes::new(), true).unwrap();
+    drop((third, body));
     server.shutdown().await.unwrap();
 }

@@ -259,6 +259,7 @@ impl Server {
             stream_write_timeout: std::time::Duration::from_secs(
                 settings.stream_write_timeout_secs,
             ),
+            max_decoupled_per_connection: settings.max_decoupled_per_connection as usize,
         };
         let gate = conn::Gate::new(
             "http+grpc",

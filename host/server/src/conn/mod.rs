@@ -81,6 +81,24 @@ pub struct ConnLimits {
     /// The longest a client may leave a response (a stream's next message, an event, a body)
     /// untaken before its connection is closed and its requests cancelled.
     pub stream_write_timeout: Duration,
+    /// Decoupled (streaming) requests one connection may have in flight, across its streams.
+    pub max_decoupled_per_connection: usize,
+}
+
+/// The decoupled requests one connection may still start: every request of the connection
+/// carries it (an extension), and a decoupled request holds a permit until it ends.
+#[derive(Debug, Clone)]
+pub struct DecoupledSlots(pub Arc<Semaphore>);
+
+impl DecoupledSlots {
+    /// A permit for one more decoupled request of this connection, or why not.
+    pub fn take(&self) -> Result<OwnedSemaphorePermit, wisp_core::Error> {
+        self.0.clone().try_acquire_owned().map_err(|_| {
+            wisp_core::Error::exhausted(
+                "this connection has as many streaming requests in flight as it may (--max-decoupled-per-connection): wait for one to end, or open another connection",
+            )
+        })
+    }
 }
 
 /// How long a request body may arrive slower than the minimum data rate (Kestrel's default).
@@ -501,11 +519,15 @@ impl Conn {
         };
         let conn_state = state.clone();
         let min_rate = limits.min_data_rate;
+        let slots = DecoupledSlots(Arc::new(Semaphore::new(
+            limits.max_decoupled_per_connection.max(1),
+        )));
         let service =
             hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let guard = InFlight::new(&conn_state);
                 let rate = if is_grpc(&req) { 0 } else { min_rate };
-                let req = req.map(|body| Paced::new(body, &conn_state, rate));
+                let mut req = req.map(|body| Paced::new(body, &conn_state, rate));
+                req.extensions_mut().insert(slots.clone());
                 let call = tower_call(router.clone(), req);
                 let conn_state = conn_state.clone();
                 async move {

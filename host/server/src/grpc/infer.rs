@@ -277,6 +277,7 @@ pub(super) async fn model_stream_infer(
     // a stream's requests are traced under the context the stream was opened with
     let stream_parent = trace_parent(r.metadata());
     let scope = shm_scope(r.metadata()).map_err(status)?;
+    let slots = r.extensions().get::<crate::conn::DecoupledSlots>().cloned();
     let mut inbound = r.into_inner();
     let service = svc.service.clone();
     let write_timeout = svc.stream_write_timeout;
@@ -325,7 +326,7 @@ pub(super) async fn model_stream_infer(
                 }
                 None => (None, None),
             };
-            let scope = scope.clone();
+            let (scope, slots) = (scope.clone(), slots.clone());
             tokio::spawn(async move {
                 let _permit = permit;
                 if let Some(previous) = after {
@@ -335,9 +336,22 @@ pub(super) async fn model_stream_infer(
                 let request = StreamedRequest::of(&req);
                 let admitted = match admit(&service, req, &scope, charged) {
                     Ok(a) if a.model.config.decoupled() => {
-                        stream_decoupled(&service, a, stream_parent, request, &tx, write_timeout)
-                            .await;
-                        return;
+                        // It holds one of its connection's slots until it ends.
+                        match slots.as_ref().map(|s| s.take()).transpose() {
+                            Ok(_slot) => {
+                                stream_decoupled(
+                                    &service,
+                                    a,
+                                    stream_parent,
+                                    request,
+                                    &tx,
+                                    write_timeout,
+                                )
+                                .await;
+                                return;
+                            }
+                            Err(e) => Err(e),
+                        }
                     }
                     Ok(a) => infer(&service, a, stream_parent).await,
                     Err(e) => Err(e),

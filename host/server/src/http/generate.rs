@@ -36,6 +36,11 @@ pub(super) async fn generate(
     let m = app.service.model(model, version)?;
     let received = Instant::now();
     let (parts, body) = req.into_parts();
+    // A decoupled request holds one of its connection's slots until it ends.
+    let slot = match parts.extensions.get::<crate::conn::DecoupledSlots>() {
+        Some(slots) if m.config.decoupled() => Some(slots.take()?),
+        _ => None,
+    };
     let (body, mut budget) = read_body(app, &parts.headers, body).await?;
     // A JSON value tree costs up to 16 times its text (see the embeddings route).
     budget.grow_to((body.len() as u64).saturating_mul(16))?;
@@ -54,6 +59,7 @@ pub(super) async fn generate(
     // The run owns the budget charge: it lasts as long as the request's memory does.
     tokio::spawn(async move {
         let _budget = budget;
+        let _slot = slot;
         if m2.config.decoupled() {
             service
                 .infer_stream(m2, decoded, received, parent, tx)

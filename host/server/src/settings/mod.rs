@@ -181,6 +181,12 @@ pub struct Settings {
     #[arg(long, alias = "stream-write-timeout", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub stream_write_timeout_secs: u64,
 
+    /// Decoupled (streaming) requests one connection may have in flight at once, across all
+    /// of its streams (gRPC `ModelStreamInfer`, HTTP `generate_stream`); past it a request is
+    /// refused with RESOURCE_EXHAUSTED / 503.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_decoupled_per_connection: u32,
+
     /// Most HTTP and gRPC connections open at once (default: three quarters of the open-file
     /// limit); more are closed as they arrive. The metrics endpoint has its own 64.
     #[arg(long)]
