@@ -6,6 +6,7 @@
 //! builds without a Wisp source tree; a project without them gets them from the binary at
 //! build time.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
 
@@ -15,6 +16,17 @@ include!(concat!(env!("OUT_DIR"), "/plugin_kit.rs"));
 
 /// The componentize-py release the Python SDK is built and tested with.
 pub(crate) const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
+
+/// The pip requirement `wisp plugin` installs componentize-py from: the release pinned by the
+/// SHA-256 of each of its wheels on PyPI (it has no dependencies), so that pip installs those
+/// exact files or nothing (`--require-hashes`).
+const COMPONENTIZE_PY_PINNED: &str = "componentize-py==0.25.1 \\
+    --hash=sha256:8623cd8cab8453cb0cd8bf03f3c7103420d06f2f3d360186a280a70a1ca5e89f \\
+    --hash=sha256:7b6a87c520358166843af0daa86d2312d7af4cbcbbf1e598951085cf7f2991ca \\
+    --hash=sha256:a556991534cc496207a9d2ca733c4b0f17ed38ef56a8d6b5f1847fdf1225dd1b \\
+    --hash=sha256:65fbc4a94df1de8acf7da50a1f5ed1711230188844e53e6332d99029be4e0afa \\
+    --hash=sha256:c7fd552fb0849858b0c1e8981543ed5dff4b0cc1597a8ea0bc26a495786dc0c6
+";
 
 /// Writes `files` (relative paths) under `dir`.
 pub(crate) fn write_tree(dir: &Path, files: &[(&str, &[u8])]) -> anyhow::Result<()> {
@@ -136,21 +148,27 @@ pub(crate) fn ensure_rust_target(cargo: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// The `componentize-py` to run: `WISP_COMPONENTIZE_PY`, else one on `PATH`, else the one
-/// Wisp installed into its tools directory before, else installed there now with `python3`
-/// (from PyPI), else an error naming the command to run.
+/// The `componentize-py` to run: `WISP_COMPONENTIZE_PY`, else the one Wisp installed into its
+/// tools directory before (when that directory is this user's own), else one on `PATH`, else
+/// installed into the tools directory now with `python3` (from PyPI, pinned by hash), else an
+/// error naming the command to run.
 pub(crate) fn componentize_py() -> anyhow::Result<PathBuf> {
     if let Some(given) = std::env::var_os("WISP_COMPONENTIZE_PY") {
         return Ok(PathBuf::from(given));
     }
+    let tools = tools_dir()?;
+    let venv = tools.join("python");
+    let tool = venv.join("bin/componentize-py");
+    if tool.exists() {
+        ours(&tools)?;
+        ours(&venv)?;
+        if runs(&tool) {
+            return Ok(tool);
+        }
+    }
     let on_path = PathBuf::from("componentize-py");
     if runs(&on_path) {
         return Ok(on_path);
-    }
-    let venv = tools_dir()?.join("python");
-    let tool = venv.join("bin/componentize-py");
-    if runs(&tool) {
-        return Ok(tool);
     }
     let python = PathBuf::from("python3");
     anyhow::ensure!(
@@ -159,20 +177,35 @@ pub(crate) fn componentize_py() -> anyhow::Result<PathBuf> {
          '{COMPONENTIZE_PY}'` (or set WISP_COMPONENTIZE_PY to its path)"
     );
     eprintln!(
-        "wisp plugin: installing {COMPONENTIZE_PY} into {} (once)",
+        "wisp plugin: downloading {COMPONENTIZE_PY} from PyPI (pip's index), pinned by the \
+         SHA-256 of its wheels, into {} (once)",
         venv.display()
     );
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&tools)
+        .with_context(|| format!("cannot create {}", tools.display()))?;
+    ours(&tools)?;
     let mut make = Process::new(&python);
     make.args(["-m", "venv"]).arg(&venv);
+    let requirements = tools.join("componentize-py.requirements.txt");
+    std::fs::write(&requirements, COMPONENTIZE_PY_PINNED)
+        .with_context(|| format!("cannot write {}", requirements.display()))?;
     let mut install = Process::new(venv.join("bin/python"));
-    install.args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        COMPONENTIZE_PY,
-    ]);
+    install
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--require-hashes",
+            "--only-binary=:all:",
+            "--no-deps",
+            "-r",
+        ])
+        .arg(&requirements);
     spawn(make).and_then(|()| spawn(install)).with_context(|| {
         format!(
             "cannot install componentize-py: run `python3 -m pip install '{COMPONENTIZE_PY}'` \
@@ -180,6 +213,44 @@ pub(crate) fn componentize_py() -> anyhow::Result<PathBuf> {
         )
     })?;
     Ok(tool)
+}
+
+/// Refuses a tools directory that is not this user's own (a link, another user's, or one
+/// others may write into): what runs from it builds the plugins the server will load.
+fn ours(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::symlink_metadata(dir)
+        .with_context(|| format!("cannot inspect {}", dir.display()))?;
+    #[expect(
+        unsafe_code,
+        reason = "geteuid reads the process's user and cannot fail"
+    )]
+    // SAFETY: no arguments, no memory.
+    let me = unsafe { libc::geteuid() };
+    let why = if meta.file_type().is_symlink() {
+        Some("it is a symbolic link".to_string())
+    } else if !meta.is_dir() {
+        Some("it is not a directory".to_string())
+    } else if meta.uid() != me {
+        Some(format!(
+            "it belongs to user {}, not to you ({me})",
+            meta.uid()
+        ))
+    } else if meta.permissions().mode() & 0o022 != 0 {
+        Some(format!(
+            "others may write into it (mode {:o})",
+            meta.permissions().mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => bail!(
+            "wisp plugin will not run tools from {}: {why}; remove it, or set WISP_TOOLS_DIR",
+            dir.display()
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Where `wisp plugin` keeps the tools it installs: `$WISP_TOOLS_DIR`, else
@@ -221,12 +292,22 @@ pub(crate) fn ensure_componentize_js(project: &Path) -> anyhow::Result<()> {
         write_tree(project, &files)?;
     }
     eprintln!(
-        "wisp plugin: installing componentize-js into {} (npm ci)",
+        "wisp plugin: downloading @bytecodealliance/componentize-js and its dependencies from \
+         the npm registry, at the versions and integrity hashes of package-lock.json, into {} \
+         (npm ci, no install scripts)",
         project.join("node_modules").display()
     );
+    // None of componentize-js's packages needs an install script (the lock file marks none):
+    // they are not run.
     let mut npm = Process::new("npm");
-    npm.args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-        .current_dir(project);
+    npm.args([
+        "ci",
+        "--ignore-scripts",
+        "--no-audit",
+        "--no-fund",
+        "--loglevel=error",
+    ])
+    .current_dir(project);
     spawn(npm)
 }
 
@@ -235,6 +316,37 @@ mod tests {
     use super::*;
 
     /// The embedded trees hold what the SDKs need, and nothing built.
+    /// What `npm ci --ignore-scripts` leaves out is nothing componentize-js needs, and the
+    /// pinned componentize-py is the release the SDK is tested with.
+    #[test]
+    fn the_toolchain_installs_pinned_files_and_runs_no_install_scripts() {
+        let lock = SDK_JS
+            .iter()
+            .find(|(rel, _)| *rel == "package-lock.json")
+            .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
+            .expect("the JS SDK carries its lock file");
+        assert!(!lock.contains("\"hasInstallScript\": true"));
+        assert!(COMPONENTIZE_PY_PINNED.starts_with(COMPONENTIZE_PY));
+        assert_eq!(COMPONENTIZE_PY_PINNED.matches("--hash=sha256:").count(), 5);
+    }
+
+    #[test]
+    fn a_tools_directory_that_is_not_ours_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = ours(&open).unwrap_err().to_string();
+        assert!(e.contains("others may write"), "{e}");
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(tmp.path(), &link).unwrap();
+        let e = ours(&link).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        ours(&open).unwrap();
+    }
+
     #[test]
     fn the_binary_carries_the_wit_and_every_sdk() {
         let names = |t: &[(&str, &[u8])]| t.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>();
