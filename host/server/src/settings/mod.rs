@@ -220,7 +220,8 @@ pub struct Settings {
     /// Memory that requests being decoded may take at once, in bytes (charged as each body
     /// arrives and inflates, then estimated for its decoded tensors); past it, inference
     /// requests get 503 / RESOURCE_EXHAUSTED until others finish. Default: 2 GiB, or half the
-    /// cgroup's `memory.max` (systemd's `MemoryMax`) when that is less.
+    /// cgroup's `memory.max` (systemd's `MemoryMax`), or without one half the host's memory,
+    /// when that is less.
     #[arg(long)]
     pub max_inflight_bytes: Option<u64>,
 
