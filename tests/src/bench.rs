@@ -58,6 +58,7 @@ mod pipeline_suites;
 mod plugin_suites;
 mod shm_sequence_suites;
 mod soak;
+mod soak_attackers;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

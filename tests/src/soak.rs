@@ -9,7 +9,9 @@
 //! - bad traffic: lying shapes, malformed JSON, a gzip bomb, and a shared-memory region whose
 //!   object is truncated to zero after it was registered, in a loop;
 //! - slow clients: connections that trickle a request head and stall, replaced as they are cut;
-//! - a reload of `add_sub` and of `ppocr_cls` every 30 s (explicit control mode).
+//! - a reload of `add_sub` and of `ppocr_cls` every 30 s (explicit control mode);
+//! - issue 58's attackers ([`super::soak_attackers`]): gRPC and SSE stream clients that never
+//!   read, PING-only HTTP/2 connections, and a second shared-memory token.
 //!
 //! It reports, per minute, good requests and failures and their p50/p99, bad requests answered
 //! and the server's RSS, and the RSS at the start. Every loop is bounded by the duration.
@@ -84,6 +86,8 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
             .args(["--model-control-mode", "explicit", "--load-model", "*"])
             .arg("--allow-unauthenticated-control")
             .arg("--allow-client-shm=true")
+            // Short enough for PING-only connections to be cut several times in a soak.
+            .args(["--idle-timeout-secs", "10"])
             .args([
                 "--http-address",
                 "127.0.0.1",
@@ -137,6 +141,12 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
         let slow_cut = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         let shm = ShmPair::create()?;
+        // A region the token-less scope keeps for the whole soak, so that its key stays that
+        // scope's while the good client re-registers its own (the second token's attempts on
+        // the key must then always be refused).
+        let pin = json!({"key": shm.0.input, "byte_size": SHM_BYTES});
+        let pinned = c.post_json("/v2/systemsharedmemory/region/soak_pin/register", &pin).await?;
+        anyhow::ensure!(pinned.status == 200, "cannot register the pinned shm region");
         // good traffic
         for kind in 0..6u8 {
             let (minutes, stop, png, pixels, shm) =
@@ -207,6 +217,15 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
                 }
             }));
         }
+        // issue 58's attackers
+        let tally = Arc::new(super::soak_attackers::Tally::default());
+        tasks.extend(super::soak_attackers::spawn(
+            addr,
+            gaddr,
+            shm.0.input.clone(),
+            stop.clone(),
+            tally.clone(),
+        ));
         // reloads
         {
             let (stop, reloads) = (stop.clone(), reloads.clone());
@@ -274,6 +293,17 @@ pub fn soak(rt: &tokio::runtime::Runtime, minutes: f64) -> anyhow::Result<()> {
             reloads.load(Ordering::Relaxed),
             slow_cut.load(Ordering::Relaxed),
             failed_total
+        );
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        println!(
+            "Attackers: non-reading gRPC streams cut {}, non-reading SSE clients cut {}, PING-only connections cut {}; second shm token: {} good, {} failed, its registrations of the first token's key refused as missing {}, accepted {}\n",
+            n(&tally.grpc_cut),
+            n(&tally.sse_cut),
+            n(&tally.ping_cut),
+            n(&tally.shm_b_good),
+            n(&tally.shm_b_failed),
+            n(&tally.shm_b_refused),
+            n(&tally.shm_b_breached),
         );
         drop(child);
         Ok(())
