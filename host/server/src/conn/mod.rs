@@ -28,7 +28,7 @@
 //!   connections and stalled bodies.
 //! - **Stream write timeout**: a connection whose client has taken none of a response for this
 //!   long (a socket write waiting, or a response chunk waiting for the client's HTTP/2
-//!   flow-control window: see [`written`]) is closed, which cancels its requests and frees
+//!   flow-control window: see the `written` module) is closed, which cancels its requests and frees
 //!   whatever they held. A client that stops reading a stream costs at most this long.
 //!   Connections with an open response are never evicted for new ones: this timeout and the
 //!   idle timeout are what end them.
@@ -129,8 +129,8 @@ struct ConnState {
     last_active_ms: AtomicU64,
     /// Response bodies not yet ended.
     bodies: AtomicUsize,
-    /// Each open response body's stall clock (see [`written`]); dead ones are dropped as the
-    /// clocks are read.
+    /// Each open response body's stall clock (see the `written` module); dead ones are
+    /// dropped as the clocks are read.
     handed: std::sync::Mutex<Vec<std::sync::Weak<AtomicU64>>>,
     /// Since when (ms + 1; 0: not) a write to the socket has been waiting for the client.
     write_blocked_ms: AtomicU64,
