@@ -1228,19 +1228,7 @@ async fn a_stream_client_that_does_not_read_is_slowed_down() {
     let (mut tx, body) =
         http_body_util::channel::Channel::<bytes::Bytes, std::convert::Infallible>::new(4);
     let response = raw_stream_infer(server.grpc_addr().unwrap(), body).await;
-    let data = wisp_tests::f32_bytes(&[1.0; 16]);
-    let input = |n: &str| pb::model_infer_request::InferInputTensor {
-        name: n.into(),
-        datatype: "FP32".into(),
-        shape: vec![1, 16],
-        ..Default::default()
-    };
-    let msg = pb::ModelInferRequest {
-        model_name: "add_sub".into(),
-        inputs: vec![input("INPUT0"), input("INPUT1")],
-        raw_input_contents: vec![data.clone().into(), data.into()],
-        ..Default::default()
-    };
+    let msg = wisp_tests::add_sub_grpc_request();
     let frame = wisp_tests::grpc_frame(&msg);
     let start = Instant::now();
     let mut sent = 0usize;

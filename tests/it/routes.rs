@@ -1,23 +1,11 @@
 //! One route table decides both a request's handler and its API group: models named after
 //! every route word are restricted by the route they are reached through, never by the word.
 
+use wisp_server::restricted::ROUTE_WORDS;
 use wisp_server::settings::OnnxEngine;
 use wisp_tests::{copy_dir, fixture_repo, Client};
 
 use crate::common::start_with;
-
-/// Every word the HTTP router gives a meaning to after `/v2/models/`.
-const ROUTE_WORDS: [&str; 9] = [
-    "ready",
-    "infer",
-    "generate",
-    "generate_stream",
-    "config",
-    "stats",
-    "trace",
-    "setting",
-    "versions",
-];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_named_after_route_words_keep_their_routes_groups() {

@@ -113,6 +113,16 @@ fn stream_request(count: i64) -> pb::ModelInferRequest {
     }
 }
 
+/// The head of a `generate_stream` call to `big_stream`.
+fn generate_stream_head() -> hyper::Request<()> {
+    hyper::Request::builder()
+        .method("POST")
+        .uri("http://127.0.0.1/v2/models/big_stream/generate_stream")
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap()
+}
+
 /// Whether the in-flight budget has room for `bytes` now: the probe is a JSON body of spaces
 /// (a JSON body is charged five times its size) that add_sub cannot take, so a free budget
 /// answers 400 after reading it and a spent one 503.
@@ -153,28 +163,59 @@ async fn budget_frees_within(addr: std::net::SocketAddr, bytes: usize, limit: Du
     false
 }
 
+/// A server on [`repo`] with an in-flight budget of `budget_mib` MiB and a 2 s write timeout,
+/// checked to have its whole budget (but 1 MiB) free at first.
+async fn server_with_budget(dir: &std::path::Path, budget_mib: u64) -> wisp_server::Server {
+    let server = start_with(dir, OnnxEngine::Tract, |s| {
+        s.max_inflight_bytes = Some(budget_mib << 20);
+        s.stream_write_timeout_secs = 2;
+    })
+    .await;
+    let room = ((budget_mib - 1) << 20) as usize;
+    assert!(
+        budget_has_room(server.http_addr(), room).await,
+        "the budget is free at first"
+    );
+    server
+}
+
+/// What every non-reader test checks once its attack is sent: the attack holds most of the
+/// budget, its connection is closed within 8 s however it PINGs, and then all of the budget
+/// (but 1 MiB) is free again within 5 s.
+async fn held_then_cut_and_freed(
+    server: &wisp_server::Server,
+    bad: &mut NonReader,
+    budget_mib: u64,
+) {
+    let c = server.http_addr();
+    let started = Instant::now();
+    assert!(
+        !budget_has_room(c, ((budget_mib - 2) << 20) as usize).await,
+        "the attack did not take the budget: the test shows nothing"
+    );
+    assert!(
+        bad.closed_within(Duration::from_secs(8)).await,
+        "a client that reads nothing and sends PINGs kept its connection for 8 s"
+    );
+    eprintln!("closed {:?} after the check began", started.elapsed());
+    assert!(
+        budget_frees_within(c, ((budget_mib - 1) << 20) as usize, Duration::from_secs(5)).await,
+        "the budget was still held 5 s after the non-reader was cut"
+    );
+}
+
 /// The attack of issue 58: one `ModelStreamInfer` client sends large requests to a decoupled
 /// model, never grants window and pings every 300 ms. It holds the budget only until the
 /// write timeout: then its connection is closed and every other client has the budget again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_stream_that_is_not_read_is_cut_and_frees_the_budget() {
     let dir = repo();
-    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
-        s.max_inflight_bytes = Some(12 << 20);
-        s.stream_write_timeout_secs = 2;
-    })
-    .await;
-    let c = server.http_addr();
-    assert!(
-        budget_has_room(c, 11 << 20).await,
-        "the budget is free at first"
-    );
+    let server = server_with_budget(dir.path(), 12).await;
     let mut bad = NonReader::connect(server.grpc_addr().unwrap()).await;
     let mut frames = Vec::new();
     for _ in 0..8 {
         frames.extend_from_slice(&wisp_tests::grpc_frame(&stream_request(1000)));
     }
-    let started = Instant::now();
     bad.send(
         grpc_request("ModelStreamInfer").body(()).unwrap(),
         frames.into(),
@@ -182,19 +223,7 @@ async fn a_grpc_stream_that_is_not_read_is_cut_and_frees_the_budget() {
     )
     .await;
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert!(
-        !budget_has_room(c, 10 << 20).await,
-        "the attack did not take the budget: the test shows nothing"
-    );
-    assert!(
-        bad.closed_within(Duration::from_secs(8)).await,
-        "a client that reads nothing and sends PINGs kept its connection for 8 s"
-    );
-    eprintln!("closed after {:?}", started.elapsed());
-    assert!(
-        budget_frees_within(c, 11 << 20, Duration::from_secs(5)).await,
-        "the budget was still held 5 s after the non-reader was cut"
-    );
+    held_then_cut_and_freed(&server, &mut bad, 12).await;
     assert!(bad.pings.await.unwrap() > 0);
     drop(bad.responses);
     server.shutdown().await.unwrap();
@@ -205,41 +234,16 @@ async fn a_grpc_stream_that_is_not_read_is_cut_and_frees_the_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_sse_streams_are_charged_then_cut() {
     let dir = repo();
-    let server = start_with(dir.path(), OnnxEngine::Tract, |s| {
-        s.max_inflight_bytes = Some(24 << 20);
-        s.stream_write_timeout_secs = 2;
-    })
-    .await;
-    let c = server.http_addr();
-    assert!(
-        budget_has_room(c, 23 << 20).await,
-        "the budget is free at first"
-    );
+    let server = server_with_budget(dir.path(), 24).await;
     let mut bad = NonReader::connect(server.http_addr()).await;
     // 64 Ki elements: a 128 KiB body (charged 16 times as a JSON tree), 256 KiB events.
     let body = serde_json::to_vec(&json!({"INPUT": vec![1; ELEMENTS / 4], "count": 1000})).unwrap();
     for _ in 0..6 {
-        let req = hyper::Request::builder()
-            .method("POST")
-            .uri("http://127.0.0.1/v2/models/big_stream/generate_stream")
-            .header("content-type", "application/json")
-            .body(())
-            .unwrap();
-        bad.send(req, body.clone().into(), false).await;
+        bad.send(generate_stream_head(), body.clone().into(), false)
+            .await;
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert!(
-        !budget_has_room(c, 22 << 20).await,
-        "the attack did not take the budget: the test shows nothing"
-    );
-    assert!(
-        bad.closed_within(Duration::from_secs(8)).await,
-        "a client that reads nothing and sends PINGs kept its connection for 8 s"
-    );
-    assert!(
-        budget_frees_within(c, 23 << 20, Duration::from_secs(5)).await,
-        "the budget was still held 5 s after the non-reader was cut"
-    );
+    held_then_cut_and_freed(&server, &mut bad, 24).await;
     drop(bad.responses);
     server.shutdown().await.unwrap();
 }
@@ -262,13 +266,7 @@ async fn streaming_requests_per_connection_are_capped() {
         let body = body.clone();
         async move {
             let mut client = client.ready().await.unwrap();
-            let req = hyper::Request::builder()
-                .method("POST")
-                .uri("http://127.0.0.1/v2/models/big_stream/generate_stream")
-                .header("content-type", "application/json")
-                .body(())
-                .unwrap();
-            let (resp, mut tx) = client.send_request(req, false).unwrap();
+            let (resp, mut tx) = client.send_request(generate_stream_head(), false).unwrap();
             tx.send_data(body, true).unwrap();
             resp.await.unwrap()
         }
@@ -309,19 +307,7 @@ async fn a_resting_stream_is_not_evicted_as_idle() {
     let (resp, mut tx) = sender
         .send_request(grpc_request("ModelStreamInfer").body(()).unwrap(), false)
         .unwrap();
-    let data = wisp_tests::f32_bytes(&[1.0; 16]);
-    let input = |n: &str| pb::model_infer_request::InferInputTensor {
-        name: n.into(),
-        datatype: "FP32".into(),
-        shape: vec![1, 16],
-        ..Default::default()
-    };
-    let msg = pb::ModelInferRequest {
-        model_name: "add_sub".into(),
-        inputs: vec![input("INPUT0"), input("INPUT1")],
-        raw_input_contents: vec![data.clone().into(), data.into()],
-        ..Default::default()
-    };
+    let msg = wisp_tests::add_sub_grpc_request();
     let frame = wisp_tests::grpc_frame(&msg);
     tx.send_data(frame.clone(), false).unwrap();
     let mut body = resp.await.unwrap().into_body();

@@ -310,6 +310,24 @@ impl GrpcClient {
     }
 }
 
+/// A `ModelInferRequest` for the fixture `add_sub`: one row of ones in both inputs.
+pub fn add_sub_grpc_request() -> wisp_server::grpc::pb::ModelInferRequest {
+    use wisp_server::grpc::pb;
+    let data = f32_bytes(&[1.0; 16]);
+    let input = |n: &str| pb::model_infer_request::InferInputTensor {
+        name: n.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    pb::ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![input("INPUT0"), input("INPUT1")],
+        raw_input_contents: vec![data.clone().into(), data.into()],
+        ..Default::default()
+    }
+}
+
 /// The head of a call to `/inference.GRPCInferenceService/<method>`: a POST with the headers
 /// every gRPC call carries. Add metadata headers, then the body.
 pub fn grpc_request(method: &str) -> hyper::http::request::Builder {

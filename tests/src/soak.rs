@@ -511,19 +511,7 @@ async fn good_grpc(g: &mut Option<GrpcClient>, addr: std::net::SocketAddr) -> bo
     let Some(client) = g.as_mut() else {
         return false;
     };
-    let data = f32_bytes(&[1.0; 16]);
-    let input = |n: &str| pb::model_infer_request::InferInputTensor {
-        name: n.into(),
-        datatype: "FP32".into(),
-        shape: vec![1, 16],
-        ..Default::default()
-    };
-    let req = pb::ModelInferRequest {
-        model_name: "add_sub".into(),
-        inputs: vec![input("INPUT0"), input("INPUT1")],
-        raw_input_contents: vec![data.clone().into(), data.into()],
-        ..Default::default()
-    };
+    let req = wisp_tests::add_sub_grpc_request();
     match client
         .unary::<_, pb::ModelInferResponse>("ModelInfer", &req)
         .await

@@ -68,6 +68,20 @@ pub fn model_route<'a>(rest: &[&'a str]) -> Option<ModelRoute<'a>> {
     })
 }
 
+/// Every word the HTTP router gives a meaning to after `/v2/models/{m}/` or
+/// `/v2/models/`: a model may be named after any of them (tests load such models).
+pub const ROUTE_WORDS: [&str; 9] = [
+    "ready",
+    "infer",
+    "generate",
+    "generate_stream",
+    "config",
+    "stats",
+    "trace",
+    "setting",
+    "versions",
+];
+
 impl ApiGroup {
     /// Every group, in Triton's order.
     pub const ALL: [ApiGroup; 9] = [
@@ -349,17 +363,7 @@ mod tests {
             assert_eq!(ApiGroup::of_http(&segs), group, "{path}");
         }
         // Models named after every route word: the word's position decides, not the word.
-        for word in [
-            "ready",
-            "infer",
-            "generate",
-            "generate_stream",
-            "config",
-            "stats",
-            "trace",
-            "setting",
-            "versions",
-        ] {
+        for word in ROUTE_WORDS {
             let group = |path: String| {
                 let segs: Vec<&str> = path.split('/').collect();
                 ApiGroup::of_http(&segs)
