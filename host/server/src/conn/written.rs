@@ -17,8 +17,10 @@ use hyper::body::{Body, Frame, SizeHint};
 use super::ConnState;
 
 /// The most one chunk handed to hyper holds. hyper's HTTP/2 side keeps one chunk buffered and
-/// one waiting for room, so a stalled stream parks at most two of them in the connection.
-pub(super) const CHUNK: usize = 64 * 1024;
+/// one waiting for room, so a stalled stream parks at most two of them in the connection. It
+/// also sets the slowest reader that is never cut: one chunk per write timeout (16 KiB in 5 s,
+/// about 26 kbit/s with the defaults).
+pub(super) const CHUNK: usize = 16 * 1024;
 
 /// A response body paced by its reader (see the module docs).
 pub(super) struct Written {
