@@ -36,7 +36,8 @@ pub(super) async fn generate(
     let m = app.service.model(model, version)?;
     let received = Instant::now();
     let (parts, body) = req.into_parts();
-    // A decoupled request holds one of its connection's slots until it ends.
+    // A decoupled request holds one of its connection's slots until its response has been
+    // handed to the connection (or dropped with it): its queued events count, not only its run.
     let slot = match parts.extensions.get::<crate::conn::DecoupledSlots>() {
         Some(slots) if m.config.decoupled() => Some(slots.take()?),
         _ => None,
@@ -59,7 +60,6 @@ pub(super) async fn generate(
     // The run owns the budget charge: it lasts as long as the request's memory does.
     tokio::spawn(async move {
         let _budget = budget;
-        let _slot = slot;
         if m2.config.decoupled() {
             service
                 .infer_stream(m2, decoded, received, parent, tx)
@@ -76,6 +76,7 @@ pub(super) async fn generate(
         }
     });
     if !stream {
+        let _slot = slot;
         return Ok(json_response(one_answer(&m.name, &mut rx).await?));
     }
     // The first part decides the status: a failure before any response is a plain error.
@@ -87,38 +88,40 @@ pub(super) async fn generate(
         Some(part) => Some(part),
         None => None,
     };
-    let events = futures_util::stream::unfold((first, rx), |(pending, mut rx)| async move {
-        let part = match pending {
-            Some(p) => p,
-            None => rx.recv().await?,
-        };
-        let last = part.last;
-        let event = |answer: Option<Result<Answer>>| {
-            let event = match answer {
-                Some(Ok(a)) => Some(response_json(&a).unwrap_or_else(|e| error_json(&e))),
-                Some(Err(e)) => Some(error_json(&e)),
-                None => None,
+    let events =
+        futures_util::stream::unfold((first, rx, slot), |(pending, mut rx, slot)| async move {
+            let part = match pending {
+                Some(p) => p,
+                None => rx.recv().await?,
             };
-            event.map_or_else(Bytes::new, |v| Bytes::from(format!("data: {v}\n\n")))
-        };
-        // A large event is encoded off the async workers (see `infer`).
-        let large = matches!(&part.answer, Some(Ok(a)) if answer_bytes(a) > INLINE_DECODE_BYTES);
-        let chunk = if large {
-            let answer = part.answer;
-            tokio::task::spawn_blocking(move || event(answer))
-                .await
-                .unwrap_or_else(|_| {
-                    Bytes::from_static(b"data: {\"error\":\"response encoding panicked\"}\n\n")
-                })
-        } else {
-            event(part.answer)
-        };
-        if last {
-            // Closing the receiver after the last part: nothing else is read.
-            rx.close();
-        }
-        Some((Ok::<_, std::convert::Infallible>(chunk), (None, rx)))
-    });
+            let last = part.last;
+            let event = |answer: Option<Result<Answer>>| {
+                let event = match answer {
+                    Some(Ok(a)) => Some(response_json(&a).unwrap_or_else(|e| error_json(&e))),
+                    Some(Err(e)) => Some(error_json(&e)),
+                    None => None,
+                };
+                event.map_or_else(Bytes::new, |v| Bytes::from(format!("data: {v}\n\n")))
+            };
+            // A large event is encoded off the async workers (see `infer`).
+            let large =
+                matches!(&part.answer, Some(Ok(a)) if answer_bytes(a) > INLINE_DECODE_BYTES);
+            let chunk = if large {
+                let answer = part.answer;
+                tokio::task::spawn_blocking(move || event(answer))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Bytes::from_static(b"data: {\"error\":\"response encoding panicked\"}\n\n")
+                    })
+            } else {
+                event(part.answer)
+            };
+            if last {
+                // Closing the receiver after the last part: nothing else is read.
+                rx.close();
+            }
+            Some((Ok::<_, std::convert::Infallible>(chunk), (None, rx, slot)))
+        });
     let mut resp = Response::new(Body::from_stream(events));
     let h = resp.headers_mut();
     h.insert(
