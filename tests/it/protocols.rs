@@ -9,22 +9,6 @@ use wisp_tests::{f32_bytes, fixture_repo, grpc_request, next_message, Client, Gr
 
 use crate::common::start;
 
-fn grpc_infer(shape: Vec<i64>, rows: usize) -> pb::ModelInferRequest {
-    let data = f32_bytes(&vec![1.0; rows * 16]);
-    let input = |name: &str| pb::model_infer_request::InferInputTensor {
-        name: name.into(),
-        datatype: "FP32".into(),
-        shape: shape.clone(),
-        ..Default::default()
-    };
-    pb::ModelInferRequest {
-        model_name: "add_sub".into(),
-        inputs: vec![input("INPUT0"), input("INPUT1")],
-        raw_input_contents: vec![data.clone().into(), data.into()],
-        ..Default::default()
-    }
-}
-
 fn http_infer(shape: Value, rows: usize) -> Value {
     let data = vec![1.0f32; rows * 16];
     json!({"inputs": [
@@ -128,7 +112,7 @@ async fn http_and_grpc_answer_alike() {
         )
         .await
         .unwrap();
-    let mut bad = grpc_infer(vec![1, 15], 1);
+    let mut bad = wisp_tests::add_sub_grpc(vec![1, 15], 1);
     bad.raw_input_contents = vec![f32_bytes(&[1.0; 15]).into(), f32_bytes(&[1.0; 15]).into()];
     let (code, msg) = g
         .unary::<_, pb::ModelInferResponse>("ModelInfer", &bad)
@@ -165,7 +149,7 @@ async fn http_and_grpc_answer_alike() {
         .unwrap()
         .json();
     let r: pb::ModelInferResponse = g
-        .unary("ModelInfer", &grpc_infer(vec![2, 16], 2))
+        .unary("ModelInfer", &wisp_tests::add_sub_grpc(vec![2, 16], 2))
         .await
         .unwrap()
         .unwrap();
@@ -202,7 +186,7 @@ async fn calls_multiplexed_on_one_connection_are_served_side_by_side() {
     let (stream_resp, mut stream_tx) = sender
         .send_request(grpc_request("ModelStreamInfer").body(()).unwrap(), false)
         .unwrap();
-    let frame = wisp_tests::grpc_frame(&grpc_infer(vec![1, 16], 1));
+    let frame = wisp_tests::grpc_frame(&wisp_tests::add_sub_grpc(vec![1, 16], 1));
     stream_tx.send_data(frame.clone(), false).unwrap();
     let mut stream_body = stream_resp.await.unwrap().into_body();
     let mut buf = Vec::new();
@@ -224,7 +208,7 @@ async fn calls_multiplexed_on_one_connection_are_served_side_by_side() {
                 .send_request(grpc_request("ModelInfer").body(()).unwrap(), false)
                 .unwrap();
             tx.send_data(
-                wisp_tests::grpc_frame(&grpc_infer(vec![rows as i64, 16], rows)),
+                wisp_tests::grpc_frame(&wisp_tests::add_sub_grpc(vec![rows as i64, 16], rows)),
                 true,
             )
             .unwrap();

@@ -312,12 +312,18 @@ impl GrpcClient {
 
 /// A `ModelInferRequest` for the fixture `add_sub`: one row of ones in both inputs.
 pub fn add_sub_grpc_request() -> wisp_server::grpc::pb::ModelInferRequest {
+    add_sub_grpc(vec![1, 16], 1)
+}
+
+/// A `ModelInferRequest` for the fixture `add_sub` with inputs of `shape` holding `rows` rows
+/// of ones (the shape may lie about the data, for tests of the check).
+pub fn add_sub_grpc(shape: Vec<i64>, rows: usize) -> wisp_server::grpc::pb::ModelInferRequest {
     use wisp_server::grpc::pb;
-    let data = f32_bytes(&[1.0; 16]);
+    let data = f32_bytes(&vec![1.0; rows * 16]);
     let input = |n: &str| pb::model_infer_request::InferInputTensor {
         name: n.into(),
         datatype: "FP32".into(),
-        shape: vec![1, 16],
+        shape: shape.clone(),
         ..Default::default()
     };
     pb::ModelInferRequest {

@@ -40,6 +40,9 @@ fn audio() -> Vec<f32> {
         .collect()
 }
 
+/// One round of an attacker: `true` when the server cut it.
+type BoxedAttack = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
+
 /// Starts the attackers; they stop when `stop` is set.
 pub(super) fn spawn(
     http: std::net::SocketAddr,
@@ -49,36 +52,41 @@ pub(super) fn spawn(
     tally: Arc<Tally>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
-    for _ in 0..2 {
-        let (stop, tally) = (stop.clone(), tally.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                if grpc_non_reader(grpc, &stop).await {
-                    tally.grpc_cut.fetch_add(1, Ordering::Relaxed);
+    // `n` clients each running `attack` again and again until `stop`, counting in `cut` the
+    // times the server ended it.
+    let mut repeat = |n: usize,
+                      cut: fn(&Tally) -> &AtomicU64,
+                      attack: fn(std::net::SocketAddr, Arc<AtomicBool>) -> BoxedAttack,
+                      addr: std::net::SocketAddr| {
+        for _ in 0..n {
+            let (stop, tally) = (stop.clone(), tally.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    if attack(addr, stop.clone()).await {
+                        cut(&tally).fetch_add(1, Ordering::Relaxed);
+                    }
                 }
-            }
-        }));
-    }
-    for _ in 0..2 {
-        let (stop, tally) = (stop.clone(), tally.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                if sse_non_reader(http, &stop).await {
-                    tally.sse_cut.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }));
-    }
-    for _ in 0..3 {
-        let (stop, tally) = (stop.clone(), tally.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                if ping_only(http, &stop).await {
-                    tally.ping_cut.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }));
-    }
+            }));
+        }
+    };
+    repeat(
+        2,
+        |t| &t.grpc_cut,
+        |a, s| Box::pin(async move { grpc_non_reader(a, &s).await }),
+        grpc,
+    );
+    repeat(
+        2,
+        |t| &t.sse_cut,
+        |a, s| Box::pin(async move { sse_non_reader(a, &s).await }),
+        http,
+    );
+    repeat(
+        3,
+        |t| &t.ping_cut,
+        |a, s| Box::pin(async move { ping_only(a, &s).await }),
+        http,
+    );
     {
         let (stop, tally) = (stop.clone(), tally.clone());
         tasks.push(tokio::spawn(async move {
