@@ -1,9 +1,10 @@
 //! Reliability III: clients that share a host or guess a name cost only themselves. System
 //! shared memory is off unless `--allow-client-shm`, and when on, a key is its registering
-//! token's: another client cannot register it, read it or learn that it exists.
+//! token's: another client cannot register it, read it or learn that it exists. A request is
+//! charged what its decoded form holds, and refused before building what it may not have.
 
 use wisp_server::settings::OnnxEngine;
-use wisp_tests::{copy_dir, fixture_repo, Client};
+use wisp_tests::{copy_dir, fixture_repo, Client, GrpcClient};
 
 use crate::common::start_with;
 
@@ -161,4 +162,104 @@ async fn parameters_are_capped() {
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
     assert!(String::from_utf8_lossy(&r.body).contains("parameters"));
     server.shutdown().await.unwrap();
+}
+
+/// Bodies whose decoded form is many times their bytes on the wire: a JSON shape of two million
+/// dimensions and an unused key of a million empty lists (a `Value` tree of 32 bytes a value
+/// for 2 or 3 bytes of text), a gRPC message of a million one-byte shape dimensions (eight
+/// bytes each once decoded) or of a million empty inputs (hundreds of bytes each), and an
+/// embeddings body of a million one-character texts. Each is refused (or skipped) before its
+/// decoded form is built, with the field named, and the server's peak memory stays within its
+/// 32 MiB budget plus a fixed overhead; before, the empty inputs alone took 300 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decoded_forms_are_refused_or_charged_before_they_are_built() {
+    use wisp_server::grpc::pb;
+    let budget = 32u64 << 20;
+    let child = crate::common::spawn_wisp(
+        &fixture_repo(),
+        &["--max-inflight-bytes", &budget.to_string()],
+        None,
+    );
+    let (pid, grpc) = (child.pid(), child.grpc);
+    let mut c = crate::common::connect_when_up(child.http).await;
+    let good = wisp_tests::add_sub_json();
+    let r = c
+        .post_json("/v2/models/add_sub/infer", &good)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let before = crate::common::peak_rss_bytes(pid);
+    let text = |r: &wisp_tests::Reply| String::from_utf8_lossy(&r.body).into_owned();
+
+    // KServe JSON: a long shape, then a large unused key beside a good request.
+    let dims = vec!["1"; 2 << 20].join(",");
+    let body = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","datatype":"FP32","shape":[{dims}],"data":[1]}}]}}"#
+    );
+    drop(dims);
+    let r = c
+        .send("POST", "/v2/models/add_sub/infer", &[], body.into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", text(&r));
+    assert!(text(&r).contains("shape"), "{}", text(&r));
+    let mut body = serde_json::to_string(&good).unwrap();
+    body.pop();
+    body.push_str(r#","junk":["#);
+    body.push_str(&vec!["[]"; 1 << 20].join(","));
+    body.push_str("]}");
+    let r = c
+        .send("POST", "/v2/models/add_sub/infer", &[], body.into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "an unused key is skipped: {}", text(&r));
+
+    // gRPC: a million one-byte dimensions, then a million empty inputs.
+    let mut g = GrpcClient::connect(grpc).await.unwrap();
+    let mut req = wisp_tests::add_sub_grpc_request();
+    req.inputs[0].shape = vec![1; 1 << 20];
+    let (code, msg) = g
+        .unary::<_, pb::ModelInferResponse>("ModelInfer", &req)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(code, 3, "INVALID_ARGUMENT: {msg}");
+    assert!(msg.contains("dimensions"), "{msg}");
+    let mut req = wisp_tests::add_sub_grpc_request();
+    req.inputs = vec![Default::default(); 1 << 20];
+    req.raw_input_contents.clear();
+    let (code, msg) = g
+        .unary::<_, pb::ModelInferResponse>("ModelInfer", &req)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(code, 3, "INVALID_ARGUMENT: {msg}");
+    assert!(msg.contains("inputs"), "{msg}");
+    drop(req);
+
+    // OpenAI embeddings: a million texts, past OpenAI's 2048, refused while parsing.
+    let body = format!(
+        r#"{{"model":"nope","input":[{}]}}"#,
+        vec![r#""a""#; 1 << 20].join(",")
+    );
+    let r = c
+        .send("POST", "/v1/embeddings", &[], body.into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", text(&r));
+    assert!(text(&r).contains("2048"), "{}", text(&r));
+
+    let grew = crate::common::peak_rss_bytes(pid).saturating_sub(before);
+    eprintln!("peak memory grew {} MB", grew >> 20);
+    assert!(
+        grew < budget + (48 << 20),
+        "peak memory grew {} MB with a {} MB budget",
+        grew >> 20,
+        budget >> 20
+    );
+    let r = c
+        .post_json("/v2/models/add_sub/infer", &good)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
 }

@@ -310,6 +310,16 @@ impl GrpcClient {
     }
 }
 
+/// A KServe JSON body for the fixture `add_sub`: one row of twos and one of ones.
+pub fn add_sub_json() -> serde_json::Value {
+    serde_json::json!({
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": vec![2.0f32; 16]},
+            {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
+        ]
+    })
+}
+
 /// A `ModelInferRequest` for the fixture `add_sub`: one row of ones in both inputs.
 pub fn add_sub_grpc_request() -> wisp_server::grpc::pb::ModelInferRequest {
     add_sub_grpc(vec![1, 16], 1)

@@ -74,6 +74,35 @@ pub fn check_parameter_count(count: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Input or output tensors one request may name. Triton sets no bound; a model with more
+/// inputs than this cannot load (a config allows 1024), and each named tensor costs a few
+/// hundred bytes once decoded (an empty gRPC input is two bytes on the wire).
+pub const MAX_REQUEST_TENSORS: usize = 4096;
+
+/// Dimensions a request tensor's shape may have: a model's own rank is at most 32
+/// ([`crate::config::bounds::MAX_RANK`]), plus the batch dimension.
+pub const MAX_REQUEST_RANK: usize = 64;
+
+/// Refuses `count` tensors of `kind` ("inputs", "outputs") past [`MAX_REQUEST_TENSORS`].
+pub fn check_tensor_count(count: usize, kind: &str) -> Result<()> {
+    if count > MAX_REQUEST_TENSORS {
+        return Err(Error::invalid(format!(
+            "the request has {count} {kind}, more than the {MAX_REQUEST_TENSORS} a request may name"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a shape of `rank` dimensions on `what` past [`MAX_REQUEST_RANK`].
+pub fn check_rank(rank: usize, what: &str) -> Result<()> {
+    if rank > MAX_REQUEST_RANK {
+        return Err(Error::invalid(format!(
+            "{what} has a shape of {rank} dimensions, more than the {MAX_REQUEST_RANK} a request may give"
+        )));
+    }
+    Ok(())
+}
+
 /// The longest chain of plugin and ensemble calls a request may come from.
 pub const MAX_CALL_DEPTH: usize = 16;
 

@@ -107,7 +107,9 @@ fn consistent(t: &Tensor) {
 
 fn check_http(body: Bytes, header_len: Option<usize>, batch: bool) {
     let cfg = model(batch);
-    if let Ok(d) = codec::decode(body, header_len, &cfg) {
+    let budget = std::sync::Arc::new(tokio::sync::Semaphore::new(1 << 30));
+    let mut charge = crate::service::Charge::new(&budget);
+    if let Ok(d) = codec::decode(body, header_len, &cfg, &mut charge) {
         d.request.inputs.iter().for_each(consistent);
         let _ = wisp_core::infer::validate(&d.request, &cfg);
     }
@@ -217,12 +219,21 @@ proptest! {
                 parameters,
             });
         }
-        // The codec's pre-decode charge is exactly what decoding will hold.
-        let walked = crate::grpc::codec::infer_request_cost(&prost::Message::encode_to_vec(&req));
-        let decoded: u64 = req.raw_input_contents.iter().map(|r| r.len() as u64).sum::<u64>()
+        // The codec's pre-decode charge covers what decoding will hold, and its counts are
+        // the decoded message's.
+        let msg = prost::Message::encode_to_vec(&req);
+        let walked = crate::grpc::codec::Survey::of(&msg);
+        let decoded: u64 = msg.len() as u64
             + req.inputs.iter().filter_map(|t| t.contents.as_ref())
                 .map(|c| 2 * crate::grpc::decoded_bytes(c)).sum::<u64>();
-        prop_assert_eq!(walked, decoded);
+        prop_assert!(walked.cost >= decoded);
+        prop_assert_eq!(walked.inputs, req.inputs.len());
+        prop_assert_eq!(walked.outputs, req.outputs.len());
+        prop_assert_eq!(walked.raw, req.raw_input_contents.len());
+        prop_assert_eq!(
+            walked.most_rank,
+            req.inputs.iter().map(|t| t.shape.len()).max().unwrap_or(0)
+        );
         if let Ok(d) = crate::grpc::decode(req) {
             d.request.inputs.iter().for_each(consistent);
         }

@@ -187,6 +187,11 @@ impl Charge {
         self.kib = want;
         Ok(())
     }
+
+    /// What is charged, in bytes (whole KiB).
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.kib) * 1024
+    }
 }
 
 impl Service {

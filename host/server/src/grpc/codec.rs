@@ -2,12 +2,13 @@
 //! in-flight budget *before* prost decodes it.
 //!
 //! Typed tensor contents grow when decoded: a packed varint of one byte becomes eight in an
-//! `int64` vector, and the service then converts the vector into a tensor of the same size. So
-//! a message within `--grpc-max-message-size` could cost many times its size before the handler
-//! saw it. [`BudgetCodec`]'s decoder first walks the message's wire format (no allocation) to
-//! count what its typed contents will hold, charges that (twice: the vectors and the tensor)
-//! plus the raw contents, and only then decodes; past the budget the call fails with
-//! RESOURCE_EXHAUSTED and nothing is decoded. The charge travels to the handler through a
+//! `int64` vector, and the service then converts the vector into a tensor of the same size. An
+//! empty input is two bytes on the wire and a few hundred once decoded; a shape's dimension is
+//! one byte, then eight. So a message within `--grpc-max-message-size` could cost
+//! many times its size before the handler saw it. [`BudgetCodec`]'s decoder first walks the
+//! message's wire format (no allocation: [`Survey`]), refuses too many parameters, tensors or
+//! dimensions, charges what decoding will hold, and only then decodes; past the budget the
+//! call fails with RESOURCE_EXHAUSTED and nothing is decoded. The charge travels to the handler through a
 //! task-local slot ([`CALL`]), set by [`super::guard`] around every call and by the stream
 //! reader around each stream, since the codec is built by tonic's generated code and has no
 //! other way to reach the service.
@@ -93,15 +94,12 @@ impl<U: Message + Default + Send + 'static> Decoder for BudgetDecoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         if TypeId::of::<U>() == TypeId::of::<pb::ModelInferRequest>() {
-            let msg = bytes::Buf::chunk(buf);
-            // Refused before prost builds a map of them.
-            let most = most_parameters(msg);
-            wisp_core::infer::check_parameter_count(most, "the request (or one of its tensors)")
-                .map_err(super::status)?;
-            let cost = infer_request_cost(msg);
+            let survey = Survey::of(bytes::Buf::chunk(buf));
+            // Refused before prost builds a map, a vector or a shape of them.
+            survey.check().map_err(super::status)?;
             let charged = CALL.try_with(|c| -> Result<(), Status> {
                 let mut charge = Charge::new(&c.budget);
-                charge.grow_to(cost).map_err(super::status)?;
+                charge.grow_to(survey.cost).map_err(super::status)?;
                 *c.charged.borrow_mut() = Some(charge);
                 Ok(())
             });
@@ -117,51 +115,108 @@ impl<U: Message + Default + Send + 'static> Decoder for BudgetDecoder<U> {
     }
 }
 
-/// The most parameters the `ModelInferRequest` encoded in `msg` gives itself or any one of its
-/// inputs or outputs (each map entry is one field occurrence).
-pub fn most_parameters(msg: &[u8]) -> usize {
-    let mut top = 0usize;
-    let mut most = 0usize;
-    let _ = walk(msg, |field, value| match (field, value) {
-        (4, _) => top += 1,
-        (5 | 6, Value::Len(tensor)) => {
-            // an input's parameters are its field 4, an output's its field 2
-            let own = if field == 5 { 4 } else { 2 };
-            let mut n = 0usize;
-            let _ = walk(tensor, |f, _| {
-                if f == own {
-                    n += 1;
-                }
-            });
-            most = most.max(n);
-        }
-        _ => {}
-    });
-    most.max(top)
+/// What a `ModelInferRequest` encoded in a message holds, counted by walking its wire format
+/// (no allocation) before prost decodes it. A malformed message counts what was walked before
+/// the fault; prost then reports the fault.
+#[derive(Debug, Default, PartialEq)]
+pub struct Survey {
+    /// The most parameters the request gives itself or any one of its inputs or outputs (each
+    /// map entry is one field occurrence).
+    pub most_parameters: usize,
+    /// Inputs.
+    pub inputs: usize,
+    /// Requested outputs.
+    pub outputs: usize,
+    /// Raw input contents.
+    pub raw: usize,
+    /// The most dimensions one input's shape has.
+    pub most_rank: usize,
+    /// The bytes the decoded request holds: the message itself (raw contents are slices of
+    /// it), its typed contents twice at their element sizes (the decoded vectors, then the
+    /// tensor converted from them), its shapes at eight bytes a dimension, and each input,
+    /// output, raw content and parameter at twice its in-memory size (a vector grown by
+    /// doubling).
+    pub cost: u64,
 }
 
-/// What a `ModelInferRequest` encoded in `msg` will hold once decoded and converted: its raw
-/// contents once (they are slices of the message), its typed contents twice at their element
-/// sizes (the decoded vectors, then the tensor converted from them). A malformed message
-/// counts what was walked before the fault; prost then reports the fault.
-pub fn infer_request_cost(msg: &[u8]) -> u64 {
-    let mut cost = 0u64;
-    let _ = walk(msg, |field, value| {
-        match (field, value) {
-            // inputs
+impl Survey {
+    /// Walks the `ModelInferRequest` encoded in `msg`.
+    pub fn of(msg: &[u8]) -> Survey {
+        use std::mem::size_of;
+        type Input = pb::model_infer_request::InferInputTensor;
+        type Output = pb::model_infer_request::InferRequestedOutputTensor;
+        // a map entry: its key and value, and the hash map's slot around them
+        const PARAMETER: u64 = 2 * (size_of::<String>() + size_of::<pb::InferParameter>()) as u64;
+        let mut s = Survey {
+            cost: msg.len() as u64,
+            ..Survey::default()
+        };
+        let mut top = 0usize;
+        let mut typed = 0u64;
+        let mut dims = 0u64;
+        let mut params = 0u64;
+        let _ = walk(msg, |field, value| match (field, value) {
+            (4, _) => top += 1,
             (5, Value::Len(tensor)) => {
-                let _ = walk(tensor, |f, v| {
-                    if let (5, Value::Len(contents)) = (f, v) {
-                        cost = cost.saturating_add(2 * typed_bytes(contents));
+                s.inputs += 1;
+                let (mut n, mut rank) = (0usize, 0usize);
+                let _ = walk(tensor, |f, v| match (f, v) {
+                    // shape: packed varints, or one varint per occurrence
+                    (3, Value::Len(packed)) => rank += varints(packed),
+                    (3, Value::Scalar) => rank += 1,
+                    (4, _) => n += 1,
+                    (5, Value::Len(contents)) => {
+                        typed = typed.saturating_add(typed_bytes(contents))
+                    }
+                    _ => {}
+                });
+                dims += rank as u64;
+                params += n as u64;
+                s.most_rank = s.most_rank.max(rank);
+                s.most_parameters = s.most_parameters.max(n);
+            }
+            (6, Value::Len(tensor)) => {
+                s.outputs += 1;
+                let mut n = 0usize;
+                let _ = walk(tensor, |f, _| {
+                    if f == 2 {
+                        n += 1;
                     }
                 });
+                params += n as u64;
+                s.most_parameters = s.most_parameters.max(n);
             }
-            // raw_input_contents
-            (7, Value::Len(raw)) => cost = cost.saturating_add(raw.len() as u64),
+            (7, _) => s.raw += 1,
             _ => {}
-        }
-    });
-    cost
+        });
+        s.most_parameters = s.most_parameters.max(top);
+        params += top as u64;
+        let each = |n: usize, size: usize| (n as u64).saturating_mul(2 * size as u64);
+        s.cost = s
+            .cost
+            .saturating_add(typed.saturating_mul(2))
+            .saturating_add(dims.saturating_mul(8))
+            .saturating_add(each(s.inputs, size_of::<Input>()))
+            .saturating_add(each(s.outputs, size_of::<Output>()))
+            .saturating_add(each(s.raw, size_of::<bytes::Bytes>()))
+            .saturating_add(params.saturating_mul(PARAMETER));
+        s
+    }
+
+    /// Refuses a request with too many parameters, tensors or dimensions before it is decoded.
+    pub fn check(&self) -> wisp_core::Result<()> {
+        use wisp_core::infer;
+        infer::check_parameter_count(self.most_parameters, "the request (or one of its tensors)")?;
+        infer::check_tensor_count(self.inputs, "inputs")?;
+        infer::check_tensor_count(self.outputs, "requested outputs")?;
+        infer::check_tensor_count(self.raw, "raw input contents")?;
+        infer::check_rank(self.most_rank, "an input")
+    }
+}
+
+/// The varints in a packed field: one ends at each byte without its continuation bit.
+fn varints(packed: &[u8]) -> usize {
+    packed.iter().filter(|b| **b & 0x80 == 0).count()
 }
 
 /// The bytes an `InferTensorContents` encoded in `msg` holds once decoded, each element at its
@@ -185,8 +240,7 @@ fn typed_bytes(msg: &[u8]) -> u64 {
         let count = match value {
             Value::Len(packed) if field == 6 => packed.len() as u64 / 4,
             Value::Len(packed) if field == 7 => packed.len() as u64 / 8,
-            // One varint ends at each byte without its continuation bit.
-            Value::Len(packed) => packed.iter().filter(|b| **b & 0x80 == 0).count() as u64,
+            Value::Len(packed) => varints(packed) as u64,
             Value::Scalar => 1,
         };
         total = total.saturating_add(count.saturating_mul(size));
@@ -275,10 +329,49 @@ mod tests {
             bytes_contents: vec![b"abc".to_vec(), Vec::new()],
             ..Default::default()
         };
-        let want = 2 * super::super::decoded_bytes(&contents) + 100;
+        let typed = 2 * super::super::decoded_bytes(&contents);
         let msg = request(contents, 100).encode_to_vec();
         assert!(msg.len() < (2 << 20), "a megabyte encoded...");
-        assert_eq!(infer_request_cost(&msg), want, "...holds sixteen decoded");
+        let s = Survey::of(&msg);
+        assert!(
+            s.cost >= typed + msg.len() as u64,
+            "...holds sixteen decoded"
+        );
+        assert!(
+            s.cost < typed + msg.len() as u64 + 4096,
+            "and not much more"
+        );
+        assert_eq!((s.inputs, s.outputs, s.raw, s.most_rank), (1, 0, 1, 2));
+    }
+
+    #[test]
+    fn empty_tensors_and_long_shapes_are_counted_then_refused() {
+        // Two bytes an input on the wire, hundreds decoded: charged at what they hold.
+        let mut req = request(pb::InferTensorContents::default(), 0);
+        req.inputs = vec![Default::default(); 1000];
+        let msg = req.encode_to_vec();
+        let s = Survey::of(&msg);
+        assert_eq!(s.inputs, 1000);
+        assert!(
+            s.cost > 100 * msg.len() as u64,
+            "{} for {} bytes",
+            s.cost,
+            msg.len()
+        );
+        assert!(s.check().is_ok());
+        req.inputs = vec![Default::default(); wisp_core::infer::MAX_REQUEST_TENSORS + 1];
+        let e = Survey::of(&req.encode_to_vec()).check().unwrap_err();
+        assert!(e.message().contains("inputs"), "{}", e.message());
+        // A shape of a million one-byte dimensions is eight megabytes decoded: refused.
+        let mut req = request(pb::InferTensorContents::default(), 0);
+        req.inputs[0].shape = vec![1; 1 << 20];
+        let s = Survey::of(&req.encode_to_vec());
+        assert_eq!(s.most_rank, 1 << 20);
+        assert!(s.cost > 8 << 20);
+        let e = s.check().unwrap_err();
+        assert!(e.message().contains("dimensions"), "{}", e.message());
+        req.inputs[0].shape = vec![1; wisp_core::infer::MAX_REQUEST_RANK];
+        assert!(Survey::of(&req.encode_to_vec()).check().is_ok());
     }
 
     #[test]
@@ -298,13 +391,13 @@ mod tests {
                 name: "y".into(),
                 parameters: (0..7).map(|i| (format!("o{i}"), param())).collect(),
             });
-        assert_eq!(most_parameters(&req.encode_to_vec()), 9);
+        assert_eq!(Survey::of(&req.encode_to_vec()).most_parameters, 9);
         req.parameters = (0..=wisp_core::infer::MAX_PARAMETERS)
             .map(|i| (format!("p{i}"), param()))
             .collect();
-        let n = most_parameters(&req.encode_to_vec());
-        assert_eq!(n, wisp_core::infer::MAX_PARAMETERS + 1);
-        assert!(wisp_core::infer::check_parameter_count(n, "the request").is_err());
+        let s = Survey::of(&req.encode_to_vec());
+        assert_eq!(s.most_parameters, wisp_core::infer::MAX_PARAMETERS + 1);
+        assert!(s.check().is_err());
     }
 
     #[test]
@@ -318,9 +411,10 @@ mod tests {
         )
         .encode_to_vec();
         for cut in 0..msg.len() {
-            let _ = infer_request_cost(&msg[..cut]);
+            let s = Survey::of(&msg[..cut]);
+            assert!(s.cost >= cut as u64);
         }
-        assert_eq!(infer_request_cost(&[0xff; 12]), 0);
-        assert_eq!(infer_request_cost(&[]), 0);
+        assert_eq!(Survey::of(&[0xff; 12]).cost, 12);
+        assert_eq!(Survey::of(&[]), Survey::default());
     }
 }

@@ -189,9 +189,10 @@ pub(super) async fn read_raw(
 /// data is sliced, not decoded, so it does not count.
 pub(crate) const INLINE_DECODE_BYTES: usize = 64 * 1024;
 
-/// What a body may cost in memory while its request runs, in KiB, charged against the
+/// What a body may cost in memory while its request runs, in bytes, charged against the
 /// in-flight budget: the body itself, plus for its JSON part the tensors decoded from it (at
 /// most 4 bytes per byte of text: FP64 from `1,`); binary data is sliced without copies.
+/// The values of its outline are charged as decoding counts them ([`super::codec::decode`]).
 pub(super) fn decode_cost(body_len: usize, header_len: Option<usize>) -> u64 {
     let json = header_len.map_or(body_len, |n| n.min(body_len));
     (json as u64) * 5 + (body_len - json) as u64

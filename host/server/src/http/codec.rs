@@ -8,6 +8,8 @@
 //! field.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use serde::de::DeserializeSeed;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use wisp_core::config::Signature;
 use wisp_core::tensor::{
@@ -16,6 +18,7 @@ use wisp_core::tensor::{
 use wisp_core::{DataType, Error, InferRequest, Result, Tensor};
 
 use crate::service::shm::shm_ref;
+use crate::service::Charge;
 pub use crate::service::{Answer, Decoded, OutputSpec, ShmInput, MAX_CLASSIFICATION};
 
 /// One decoded input: its bytes, or where in shared memory they are.
@@ -32,12 +35,216 @@ pub fn json_data_decode(dt: DataType, json: &str, count: usize) -> Result<Vec<u8
     json_data::decode(dt, json, count)
 }
 
-/// A JSON object whose values are left as raw text (borrowed from the body) until needed.
-type RawMap<'a> = std::collections::BTreeMap<String, &'a serde_json::value::RawValue>;
+/// JSON values a request may hold outside its tensors' `data` (its id, parameters, names,
+/// shapes and requested outputs). Those are parsed into `Value` trees, tens of bytes a value
+/// (`[1,1,…]` is 32 bytes a value for 2 bytes of text), so their number is bounded and each is
+/// charged before it is built; keys a request does not use are skipped unread.
+pub const MAX_OUTLINE_VALUES: usize = 1 << 16;
+
+/// What one outline value may hold once parsed: the `Value`, its slot in a vector grown by
+/// doubling or a map's node, and a short string's allocation.
+const OUTLINE_VALUE_BYTES: u64 = 128;
+
+/// A request's outline values: how many more it may have, and the charge they are added to
+/// (above the `base` it held before).
+struct Outline<'c> {
+    left: usize,
+    base: u64,
+    charge: &'c mut Charge,
+}
+
+impl Outline<'_> {
+    /// [`small`], once the values in `raw` are counted (without allocating) against what is
+    /// left and charged.
+    fn parse(&mut self, raw: &RawValue, what: &str) -> Result<Value> {
+        let n = self.count(raw, what)?;
+        self.take(n, what)?;
+        Ok(small(raw))
+    }
+
+    fn count(&self, raw: &RawValue, what: &str) -> Result<usize> {
+        let mut n = 0usize;
+        let counted = Counter {
+            n: &mut n,
+            most: self.left,
+        }
+        .deserialize(&mut serde_json::Deserializer::from_str(raw.get()));
+        if counted.is_err() || n > self.left {
+            return Err(self.too_many(what));
+        }
+        Ok(n)
+    }
+
+    /// Takes `n` values from what is left and charges them.
+    fn take(&mut self, n: usize, what: &str) -> Result<()> {
+        self.left = self
+            .left
+            .checked_sub(n)
+            .ok_or_else(|| self.too_many(what))?;
+        let used = (MAX_OUTLINE_VALUES - self.left) as u64 * OUTLINE_VALUE_BYTES;
+        self.charge.grow_to(self.base + used)
+    }
+
+    fn too_many(&self, what: &str) -> Error {
+        Error::invalid(format!(
+            "{what} brings the request past {MAX_OUTLINE_VALUES} JSON values outside its tensors' 'data'"
+        ))
+    }
+}
 
 /// A small JSON value (a name, a shape, parameters) out of its raw text.
-fn small(raw: &serde_json::value::RawValue) -> Value {
+fn small(raw: &RawValue) -> Value {
     serde_json::from_str(raw.get()).unwrap_or(Value::Null)
+}
+
+/// Counts the values (and object keys) of a JSON text into `n`, failing once past `most`.
+struct Counter<'c> {
+    n: &'c mut usize,
+    most: usize,
+}
+
+impl Counter<'_> {
+    fn one<E: serde::de::Error>(&mut self) -> std::result::Result<(), E> {
+        *self.n += 1;
+        if *self.n > self.most {
+            return Err(E::custom("too many values"));
+        }
+        Ok(())
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Counter<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Counter<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: serde::de::Error>(mut self, _: bool) -> std::result::Result<(), E> {
+        self.one()
+    }
+    fn visit_i64<E: serde::de::Error>(mut self, _: i64) -> std::result::Result<(), E> {
+        self.one()
+    }
+    fn visit_u64<E: serde::de::Error>(mut self, _: u64) -> std::result::Result<(), E> {
+        self.one()
+    }
+    fn visit_f64<E: serde::de::Error>(mut self, _: f64) -> std::result::Result<(), E> {
+        self.one()
+    }
+    fn visit_str<E: serde::de::Error>(mut self, _: &str) -> std::result::Result<(), E> {
+        self.one()
+    }
+    fn visit_unit<E: serde::de::Error>(mut self) -> std::result::Result<(), E> {
+        self.one()
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        mut self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        self.one()?;
+        while seq
+            .next_element_seed(Counter {
+                n: &mut *self.n,
+                most: self.most,
+            })?
+            .is_some()
+        {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        mut self,
+        mut map: A,
+    ) -> std::result::Result<(), A::Error> {
+        self.one()?;
+        while map
+            .next_key_seed(Counter {
+                n: &mut *self.n,
+                most: self.most,
+            })?
+            .is_some()
+        {
+            map.next_value_seed(Counter {
+                n: &mut *self.n,
+                most: self.most,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The values of `keys` in the JSON object `json`, as raw text borrowed from it; other keys
+/// are skipped unread (nothing is allocated for them), and a repeated key keeps its last value.
+pub(crate) fn pick<'a, const N: usize>(
+    json: &'a [u8],
+    keys: [&'static str; N],
+) -> serde_json::Result<[Option<&'a RawValue>; N]> {
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let out = Pick(keys).deserialize(&mut de)?;
+    de.end()?;
+    Ok(out)
+}
+
+struct Pick<const N: usize>([&'static str; N]);
+
+impl<'de, const N: usize> serde::de::DeserializeSeed<'de> for Pick<N> {
+    type Value = [Option<&'de RawValue>; N];
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, const N: usize> serde::de::Visitor<'de> for Pick<N> {
+    type Value = [Option<&'de RawValue>; N];
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Self::Value, A::Error> {
+        let mut out = [None; N];
+        while let Some(at) = map.next_key_seed(KeyIn(&self.0))? {
+            match at {
+                Some(i) => out[i] = Some(map.next_value::<&'de RawValue>()?),
+                None => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A key's place among the wanted keys, compared without copying it.
+struct KeyIn<'k>(&'k [&'static str]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeyIn<'_> {
+    type Value = Option<usize>;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for KeyIn<'_> {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> std::result::Result<Self::Value, E> {
+        Ok(self.0.iter().position(|k| *k == key))
+    }
 }
 
 fn obj<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
@@ -52,8 +259,14 @@ fn params<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
     Ok(p)
 }
 
-/// Splits the body at `header_len` and decodes it for the model `sig` describes.
-pub fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result<Decoded> {
+/// Splits the body at `header_len` and decodes it for the model `sig` describes, charging the
+/// values of its outline to `charge` before they are built.
+pub fn decode(
+    body: Bytes,
+    header_len: Option<usize>,
+    sig: &Signature,
+    charge: &mut Charge,
+) -> Result<Decoded> {
     let (json, mut binary) = match header_len {
         Some(0) => return decode_raw(body, sig),
         Some(n) if n > body.len() => {
@@ -65,25 +278,32 @@ pub fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result
         Some(n) => (body.slice(..n), body.slice(n..)),
         None => (body, Bytes::new()),
     };
-    // Only the outline is parsed here: tensor data stays raw text until its datatype is known,
-    // then goes straight to bytes (json_data), never through a `Value` tree.
-    let root_raw: RawMap = serde_json::from_slice(&json).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => Error::invalid("the request must be a JSON object"),
-        _ => Error::invalid(format!("malformed JSON in request body: {e}")),
-    })?;
-    let root: Map<String, Value> = root_raw
-        .iter()
-        .filter(|(k, _)| k.as_str() != "inputs")
-        .map(|(k, raw)| (k.clone(), small(raw)))
-        .collect();
-    let id = match root.get("id") {
+    // Only the outline is parsed here, bounded in values: tensor data stays raw text until
+    // its datatype is known, then goes straight to bytes (json_data), never through a `Value`
+    // tree.
+    let [id_raw, params_raw, inputs_raw, outputs_raw] =
+        pick(&json, ["id", "parameters", "inputs", "outputs"]).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => {
+                Error::invalid("the request must be a JSON object")
+            }
+            _ => Error::invalid(format!("malformed JSON in request body: {e}")),
+        })?;
+    let mut outline = Outline {
+        left: MAX_OUTLINE_VALUES,
+        base: charge.bytes(),
+        charge,
+    };
+    let id = match id_raw.map(|r| outline.parse(r, "'id'")).transpose()? {
         None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
+        Some(Value::String(s)) => s,
         Some(_) => return Err(Error::invalid("'id' must be a string")),
     };
-    let parameters = match root.get("parameters") {
+    let parameters = match params_raw
+        .map(|r| outline.parse(r, "'parameters'"))
+        .transpose()?
+    {
         None | Some(Value::Null) => Map::new(),
-        Some(p) => params(p, "'parameters'")?.clone(),
+        Some(p) => params(&p, "'parameters'")?.clone(),
     };
     let binary_default = match parameters.get("binary_data_output") {
         None => false,
@@ -94,17 +314,15 @@ pub fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result
             ))
         }
     };
-    let inputs_raw = root_raw
-        .get("inputs")
-        .ok_or_else(|| Error::invalid("the request has no 'inputs'"))?;
-    let inputs_v: Vec<&serde_json::value::RawValue> = serde_json::from_str(inputs_raw.get())
+    let inputs_raw = inputs_raw.ok_or_else(|| Error::invalid("the request has no 'inputs'"))?;
+    let inputs_v: Vec<&RawValue> = serde_json::from_str(inputs_raw.get())
         .map_err(|_| Error::invalid("'inputs' must be an array"))?;
+    wisp_core::infer::check_tensor_count(inputs_v.len(), "inputs")?;
+    outline.take(inputs_v.len(), "'inputs'")?;
     let mut inputs = Vec::with_capacity(inputs_v.len());
     let mut shm_inputs = Vec::new();
     for (i, input) in inputs_v.iter().enumerate() {
-        let o: RawMap = serde_json::from_str(input.get())
-            .map_err(|_| Error::invalid(format!("inputs[{i}] must be a JSON object")))?;
-        match decode_input(i, &o, &mut binary, sig)? {
+        match decode_input(i, input, &mut binary, sig, &mut outline)? {
             Input::Tensor(t) => inputs.push(t),
             Input::Shm(s) => shm_inputs.push(s),
         }
@@ -115,13 +333,18 @@ pub fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result
             binary.len()
         )));
     }
-    let outputs = match root.get("outputs") {
+    let outputs = match outputs_raw
+        .map(|r| outline.parse(r, "'outputs'"))
+        .transpose()?
+    {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .enumerate()
-            .map(|(i, o)| decode_output(i, o))
-            .collect::<Result<_>>()?,
+        Some(Value::Array(a)) => {
+            wisp_core::infer::check_tensor_count(a.len(), "requested outputs")?;
+            a.iter()
+                .enumerate()
+                .map(|(i, o)| decode_output(i, o))
+                .collect::<Result<_>>()?
+        }
         Some(_) => return Err(Error::invalid("'outputs' must be an array")),
     };
     let request = InferRequest {
@@ -144,13 +367,29 @@ pub fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result
     })
 }
 
-fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, sig: &Signature) -> Result<Input> {
-    let data_raw = raw.get("data").copied();
-    let o: Map<String, Value> = raw
+fn decode_input(
+    i: usize,
+    raw: &RawValue,
+    binary: &mut Bytes,
+    sig: &Signature,
+    outline: &mut Outline,
+) -> Result<Input> {
+    let fields = pick(
+        raw.get().as_bytes(),
+        ["name", "datatype", "shape", "parameters", "data"],
+    )
+    .map_err(|_| Error::invalid(format!("inputs[{i}] must be a JSON object")))?;
+    let [.., data_raw] = fields;
+    let mut o = Map::new();
+    for (key, value) in ["name", "datatype", "shape", "parameters"]
         .iter()
-        .filter(|(k, _)| k.as_str() != "data")
-        .map(|(k, v)| (k.clone(), small(v)))
-        .collect();
+        .zip(fields)
+    {
+        if let Some(v) = value {
+            let v = outline.parse(v, &format!("inputs[{i}].{key}"))?;
+            o.insert(key.to_string(), v);
+        }
+    }
     let name = o
         .get("name")
         .and_then(Value::as_str)
@@ -178,6 +417,7 @@ fn decode_input(i: usize, raw: &RawMap, binary: &mut Bytes, sig: &Signature) -> 
         .map(|d| d.as_i64().filter(|&d| d >= 0))
         .collect::<Option<_>>()
         .ok_or_else(|| at("'shape' must hold non-negative integers".into()))?;
+    wisp_core::infer::check_rank(shape.len(), &format!("input '{name}'"))?;
     let count = element_count(&shape).map_err(|e| at(e.message().to_string()))?;
     let params = match o.get("parameters") {
         None | Some(Value::Null) => None,

@@ -236,13 +236,19 @@ async fn infer(app: &AppState, model: &str, version: Option<&str>, req: Request)
     let (body, mut budget) = read_body(app, &parts.headers, body).await?;
     budget.grow_to(decode_cost(body.len(), header_len))?;
     let json_len = header_len.map_or(body.len(), |n| n.min(body.len()));
-    let decoded = if json_len > INLINE_DECODE_BYTES {
+    let (decoded, _budget) = if json_len > INLINE_DECODE_BYTES {
         let sig = m.signature.clone();
-        tokio::task::spawn_blocking(move || codec::decode(body, header_len, &sig))
-            .await
-            .map_err(|_| Error::internal("request decoding panicked"))?
+        tokio::task::spawn_blocking(move || {
+            let decoded = codec::decode(body, header_len, &sig, &mut budget);
+            (decoded, budget)
+        })
+        .await
+        .map_err(|_| Error::internal("request decoding panicked"))?
     } else {
-        codec::decode(body, header_len, &m.signature)
+        (
+            codec::decode(body, header_len, &m.signature, &mut budget),
+            budget,
+        )
     };
     let scope = shm_scope(&parts.headers)?;
     let decoded = decoded.map(|mut d| {

@@ -14,13 +14,15 @@ use axum::extract::Request;
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
+use serde::de::DeserializeSeed;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use wisp_core::Error;
 
 use super::error::status;
 use super::{read_body, AppState};
-use crate::service::openai::{ApiFailure, ApiModel};
+use crate::service::openai::{ApiFailure, ApiModel, MAX_INPUTS};
 
 /// Answers an OpenAI route (`segs` starts with `v1`).
 pub async fn route(app: &AppState, segs: &[&str], method: &Method, req: Request) -> Response {
@@ -109,91 +111,90 @@ pub(crate) struct EmbeddingsBody {
     dimensions: Option<u64>,
 }
 
+/// Parses an embeddings body without building a JSON tree: only the fields it uses are read,
+/// and `input` goes straight to strings, at most [`MAX_INPUTS`] of them (OpenAI's limit), so
+/// parsing holds little more than the texts themselves (a tree of 12 million one-character
+/// texts once took ten times their bytes).
 pub(crate) fn parse(body: &[u8]) -> Result<EmbeddingsBody, ApiFailure> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiFailure::from(Error::invalid(format!(
-            "the request body is not valid JSON: {e}"
-        )))
+    let [model, input, encoding, dimensions, user] = super::codec::pick(
+        body,
+        ["model", "input", "encoding_format", "dimensions", "user"],
+    )
+    .map_err(|e| {
+        ApiFailure::from(Error::invalid(match e.classify() {
+            serde_json::error::Category::Data => "the request body must be a JSON object".into(),
+            _ => format!("the request body is not valid JSON: {e}"),
+        }))
     })?;
-    let Value::Object(mut fields) = value else {
-        return Err(ApiFailure::from(Error::invalid(
-            "the request body must be a JSON object",
-        )));
+    // An absent field and a null one are the same.
+    fn given(r: Option<&RawValue>) -> Option<&RawValue> {
+        r.filter(|r| r.get() != "null")
+    }
+    let Some(model) = given(model) else {
+        return Err(ApiFailure::invalid(
+            "model",
+            "you must provide a model parameter",
+        ));
     };
-    let model = match fields.remove("model") {
-        Some(Value::String(m)) if !m.is_empty() => m,
-        None | Some(Value::Null) => {
-            return Err(ApiFailure::invalid(
-                "model",
-                "you must provide a model parameter",
-            ))
-        }
-        Some(_) => {
-            return Err(ApiFailure::invalid(
-                "model",
-                "'model' must be a non-empty string",
-            ))
-        }
+    let model = serde_json::from_str::<String>(model.get())
+        .ok()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiFailure::invalid("model", "'model' must be a non-empty string"))?;
+    let Some(input) = given(input) else {
+        return Err(ApiFailure::invalid(
+            "input",
+            "you must provide an input parameter",
+        ));
     };
-    let texts = match fields.remove("input") {
-        Some(Value::String(s)) => vec![s],
-        Some(Value::Array(items)) => {
-            let mut texts = Vec::with_capacity(items.len());
-            for (i, item) in items.into_iter().enumerate() {
-                match item {
-                    Value::String(s) => texts.push(s),
-                    Value::Number(_) | Value::Array(_) => {
-                        return Err(ApiFailure::invalid(
-                            "input",
-                            "'input' as token ids is not supported: send text",
-                        ))
-                    }
-                    _ => {
-                        return Err(ApiFailure::invalid(
-                            "input",
-                            format!("'input' item {i} must be a string"),
-                        ))
-                    }
-                }
-            }
-            texts
-        }
-        None | Some(Value::Null) => {
-            return Err(ApiFailure::invalid(
-                "input",
-                "you must provide an input parameter",
-            ))
-        }
-        Some(_) => {
+    let mut fault = None;
+    let texts = Texts { fault: &mut fault }
+        .deserialize(&mut serde_json::Deserializer::from_str(input.get()));
+    let texts = match (texts, fault) {
+        (_, Some(f)) => return Err(f),
+        (Ok(texts), None) => texts,
+        (Err(_), None) => {
             return Err(ApiFailure::invalid(
                 "input",
                 "'input' must be a string or a list of strings",
             ))
         }
     };
-    let encoding = match fields.remove("encoding_format") {
-        None | Some(Value::Null) => Encoding::Float,
-        Some(Value::String(s)) if s == "float" => Encoding::Float,
-        Some(Value::String(s)) if s == "base64" => Encoding::Base64,
-        Some(other) => {
-            return Err(ApiFailure::invalid(
-                "encoding_format",
-                format!("'encoding_format' must be 'float' or 'base64', not {other}"),
-            ))
+    let encoding = match given(encoding) {
+        None => Encoding::Float,
+        Some(r) => match serde_json::from_str::<String>(r.get()).as_deref() {
+            Ok("float") => Encoding::Float,
+            Ok("base64") => Encoding::Base64,
+            _ => {
+                return Err(ApiFailure::invalid(
+                    "encoding_format",
+                    format!(
+                        "'encoding_format' must be 'float' or 'base64', not {}",
+                        excerpt(r)
+                    ),
+                ))
+            }
+        },
+    };
+    let dimensions = given(dimensions)
+        .map(|r| {
+            serde_json::from_str::<u64>(r.get())
+                .ok()
+                .filter(|&d| d >= 1)
+                .ok_or_else(|| {
+                    ApiFailure::invalid(
+                        "dimensions",
+                        format!(
+                            "'dimensions' must be a positive integer, not {}",
+                            excerpt(r)
+                        ),
+                    )
+                })
+        })
+        .transpose()?;
+    if let Some(r) = given(user) {
+        if !r.get().starts_with('"') {
+            return Err(ApiFailure::invalid("user", "'user' must be a string"));
         }
-    };
-    let dimensions = match fields.remove("dimensions") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().filter(|&d| d >= 1).ok_or_else(|| {
-            ApiFailure::invalid(
-                "dimensions",
-                format!("'dimensions' must be a positive integer, not {v}"),
-            )
-        })?),
-    };
-    match fields.remove("user") {
-        None | Some(Value::Null) | Some(Value::String(_)) => {}
-        Some(_) => return Err(ApiFailure::invalid("user", "'user' must be a string")),
     }
     Ok(EmbeddingsBody {
         model,
@@ -201,6 +202,127 @@ pub(crate) fn parse(body: &[u8]) -> Result<EmbeddingsBody, ApiFailure> {
         encoding,
         dimensions,
     })
+}
+
+/// At most the first 40 characters of a JSON value, for an error message.
+fn excerpt(raw: &RawValue) -> String {
+    let text = raw.get();
+    match text.char_indices().nth(40) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
+/// `input`: one string, or a list of at most [`MAX_INPUTS`] strings; a fault names the field
+/// in `fault` (the deserializer's own error then only stops the parse).
+struct Texts<'f> {
+    fault: &'f mut Option<ApiFailure>,
+}
+
+impl Texts<'_> {
+    fn fail<E: serde::de::Error>(&mut self, message: String) -> E {
+        *self.fault = Some(ApiFailure::invalid("input", message));
+        E::custom("input")
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Texts<'_> {
+    type Value = Vec<String>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Vec<String>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Texts<'_> {
+    type Value = Vec<String>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string or a list of strings")
+    }
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Vec<String>, E> {
+        Ok(vec![s.to_string()])
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        mut self,
+        mut seq: A,
+    ) -> Result<Vec<String>, A::Error> {
+        let mut texts = Vec::new();
+        while let Some(item) = seq.next_element::<InputItem>()? {
+            let i = texts.len();
+            match item {
+                InputItem::Text(s) if i < MAX_INPUTS => texts.push(s),
+                InputItem::Text(_) => {
+                    return Err(self.fail(format!(
+                        "'input' holds more than {MAX_INPUTS} texts, the most a request may carry"
+                    )))
+                }
+                InputItem::Tokens => {
+                    return Err(self.fail("'input' as token ids is not supported: send text".into()))
+                }
+                InputItem::Other => {
+                    return Err(self.fail(format!("'input' item {i} must be a string")))
+                }
+            }
+        }
+        Ok(texts)
+    }
+}
+
+/// One item of `input`: a text, token ids (a number or a list, skipped unread), or neither.
+enum InputItem {
+    Text(String),
+    Tokens,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for InputItem {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<InputItem, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = InputItem;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<InputItem, E> {
+                Ok(InputItem::Text(s.to_string()))
+            }
+            fn visit_string<E: serde::de::Error>(self, s: String) -> Result<InputItem, E> {
+                Ok(InputItem::Text(s))
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<InputItem, E> {
+                Ok(InputItem::Tokens)
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<InputItem, E> {
+                Ok(InputItem::Tokens)
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<InputItem, E> {
+                Ok(InputItem::Tokens)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<InputItem, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(InputItem::Tokens)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<InputItem, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(InputItem::Other)
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<InputItem, E> {
+                Ok(InputItem::Other)
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<InputItem, E> {
+                Ok(InputItem::Other)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Serialize)]
@@ -235,9 +357,14 @@ async fn embeddings(app: &AppState, req: Request) -> Result<Response, ApiFailure
     let received = std::time::Instant::now();
     let (parts, body) = req.into_parts();
     let (body, mut budget) = read_body(app, &parts.headers, body).await?;
-    // Parsing builds a JSON value tree, up to 16 times the text (`[1,1,…]`: 32 bytes a value
-    // for 2 bytes of text), before the texts become one tensor per chunk: charged first.
-    budget.grow_to((body.len() as u64).saturating_mul(16))?;
+    // Parsing holds the texts (at most the body's bytes) and a string each, at most
+    // MAX_INPUTS of them; the requests built from them hold the texts again, as BYTES tensors.
+    let strings = (MAX_INPUTS * (std::mem::size_of::<String>() + 32)) as u64;
+    budget.grow_to(
+        (body.len() as u64)
+            .saturating_mul(3)
+            .saturating_add(strings),
+    )?;
     // A large body is parsed on the blocking pool, as KServe bodies are decoded, so that it
     // cannot stall health checks.
     let parsed = if body.len() > super::body::INLINE_DECODE_BYTES {
@@ -323,6 +450,35 @@ mod tests {
         .unwrap();
         assert_eq!(b.texts, vec!["a", "b"]);
         assert_eq!((b.encoding, b.dimensions), (Encoding::Base64, Some(8)));
+        // fields it does not use are skipped, whatever they hold
+        let b = parse(br#"{"x":[[1],{"y":2}],"model":"m","input":["a\u00e9"]}"#).unwrap();
+        assert_eq!(b.texts, vec!["a\u{e9}"]);
+    }
+
+    #[test]
+    fn more_texts_than_openai_takes_are_refused_while_parsing() {
+        let body = |n: usize| {
+            let items = vec![r#""a""#; n].join(",");
+            format!(r#"{{"model":"m","input":[{items}]}}"#)
+        };
+        assert_eq!(
+            parse(body(MAX_INPUTS).as_bytes()).unwrap().texts.len(),
+            MAX_INPUTS
+        );
+        let f = parse(body(MAX_INPUTS + 1).as_bytes()).unwrap_err();
+        assert_eq!(f.param, Some("input"));
+        assert!(
+            f.error.message().contains("more than 2048"),
+            "{}",
+            f.error.message()
+        );
+        // token ids are refused as such, nested or not, wherever they start
+        let f = parse(br#"{"model":"m","input":["a",[1,2]]}"#).unwrap_err();
+        assert!(
+            f.error.message().contains("token ids"),
+            "{}",
+            f.error.message()
+        );
     }
 
     #[test]
@@ -348,6 +504,11 @@ mod tests {
             param_of(r#"{"model":"m","input":"x","dimensions":-3}"#),
             Some("dimensions")
         );
+        assert_eq!(
+            param_of(r#"{"model":"m","input":"x","user":7}"#),
+            Some("user")
+        );
+        assert_eq!(param_of(r#"{"model":["m"],"input":"x"}"#), Some("model"));
         assert_eq!(param_of(r#"[1]"#), None);
         assert_eq!(param_of(r#"{"model""#), None);
     }

@@ -1,6 +1,18 @@
 use super::*;
 use wisp_core::config::{normalize, parse_pbtxt};
 
+/// Decodes with a budget of `MAX_PERMITS` KiB: charged, never refused.
+fn decode(body: Bytes, header_len: Option<usize>, sig: &Signature) -> Result<Decoded> {
+    let mut charge = Charge::new(&unbounded());
+    super::decode(body, header_len, sig, &mut charge)
+}
+
+fn unbounded() -> std::sync::Arc<tokio::sync::Semaphore> {
+    std::sync::Arc::new(tokio::sync::Semaphore::new(
+        tokio::sync::Semaphore::MAX_PERMITS,
+    ))
+}
+
 fn cfg() -> Signature {
     let mut c = parse_pbtxt(
         "m",
@@ -210,4 +222,64 @@ fn bytes_that_are_not_utf8_go_as_binary_even_when_json_was_asked_for() {
         raw.len()
     );
     assert_eq!(&enc.body[n..], &raw[..], "the bytes, unchanged");
+}
+
+#[test]
+fn the_outline_is_bounded_and_charged_before_it_is_built() {
+    let budget = std::sync::Arc::new(tokio::sync::Semaphore::new(1 << 20));
+    let charged = |body: String| {
+        let mut charge = Charge::new(&budget);
+        let r = super::decode(body.into(), None, &cfg(), &mut charge);
+        (r, (1usize << 20) - budget.available_permits())
+    };
+    // keys the request does not use are skipped unread: nothing charged for them
+    let junk = vec!["[1]"; 200_000].join(",");
+    let (r, kib) = charged(format!(
+        r#"{{"junk":[{junk}],"inputs":[{{"name":"x","datatype":"FP32","shape":[1,2],"data":[1,2]}}]}}"#
+    ));
+    assert!(r.is_ok(), "{:?}", r.err());
+    assert!(kib < 4, "{kib} KiB for a small outline");
+    // a long shape is counted and charged, then refused by its rank
+    let dims = vec!["1"; 1000].join(",");
+    let (r, kib) = charged(format!(
+        r#"{{"inputs":[{{"name":"x","datatype":"FP32","shape":[{dims}],"data":[1]}}]}}"#
+    ));
+    assert!(r.unwrap_err().message().contains("dimensions"));
+    assert!(
+        kib >= 1000 * 128 / 1024,
+        "{kib} KiB for a thousand dimensions"
+    );
+    // past the bound, refused before anything is built
+    let many = vec!["1"; MAX_OUTLINE_VALUES + 1].join(",");
+    let (r, kib) = charged(format!(r#"{{"parameters":{{"a":[{many}]}},"inputs":[]}}"#));
+    let e = r.unwrap_err();
+    assert!(e.message().contains("'parameters'"), "{}", e.message());
+    assert!(kib < 4, "{kib} KiB charged for what was never built");
+    // a budget that cannot cover the outline refuses it (503), not after building it
+    let small = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+    let mut charge = Charge::new(&small);
+    let many = vec!["1"; 10_000].join(",");
+    let e = super::decode(
+        format!(r#"{{"id":"a","outputs":[{many}],"inputs":[]}}"#).into(),
+        None,
+        &cfg(),
+        &mut charge,
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), wisp_core::ErrorKind::Exhausted, "{}", e.message());
+}
+
+#[test]
+fn too_many_inputs_or_outputs_are_refused() {
+    let inputs = vec!["{}"; wisp_core::infer::MAX_REQUEST_TENSORS + 1].join(",");
+    let e = decode(format!(r#"{{"inputs":[{inputs}]}}"#).into(), None, &cfg()).unwrap_err();
+    assert!(e.message().contains("inputs"), "{}", e.message());
+    let outputs = vec![r#"{"name":"y"}"#; wisp_core::infer::MAX_REQUEST_TENSORS + 1].join(",");
+    let e = decode(
+        format!(r#"{{"inputs":[],"outputs":[{outputs}]}}"#).into(),
+        None,
+        &cfg(),
+    )
+    .unwrap_err();
+    assert!(e.message().contains("requested outputs"), "{}", e.message());
 }
