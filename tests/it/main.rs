@@ -3,6 +3,7 @@
 
 mod common;
 mod corpus;
+mod edge;
 mod embed;
 mod ensembles;
 mod fake_caller;

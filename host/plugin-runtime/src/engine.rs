@@ -74,6 +74,9 @@ pub enum CompileSource {
 pub struct Engines {
     plain: OnceLock<Engine>,
     fueled: OnceLock<Engine>,
+    /// Held while an engine is built, so that two loads never reserve two pools for one engine
+    /// at once (the address space holds only the pools [`pool_slots`] sizes).
+    building: std::sync::Mutex<()>,
     cache_dir: Option<PathBuf>,
     pooling: bool,
     perfmap: bool,
@@ -94,6 +97,7 @@ impl Engines {
         Arc::new(Engines {
             plain: OnceLock::new(),
             fueled: OnceLock::new(),
+            building: std::sync::Mutex::new(()),
             cache_dir,
             pooling,
             perfmap,
@@ -104,6 +108,10 @@ impl Engines {
     /// The engine for models with (`fuel`) or without fuel metering.
     pub fn get(self: &Arc<Self>, fuel: bool) -> Result<&Engine> {
         let cell = if fuel { &self.fueled } else { &self.plain };
+        if let Some(e) = cell.get() {
+            return Ok(e);
+        }
+        let _building = self.building.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = cell.get() {
             return Ok(e);
         }
@@ -268,31 +276,48 @@ fn build_engine(
     }
     if pooling {
         let ram = available_memory();
-        let mut slots = pool_slots(ram);
-        loop {
+        let space = address_space();
+        let mut slots = pool_slots(ram, space);
+        if slots < MIN_POOL_SLOTS {
+            tracing::info!(
+                slots,
+                address_space_gib = space.map(|b| b >> 30),
+                "wasm pooling allocator: the address space holds only {slots} memory slots of {} MiB (fewer than {MIN_POOL_SLOTS}); allocating on demand",
+                SLOT_RESERVATION >> 20
+            );
+        }
+        while slots >= MIN_POOL_SLOTS {
+            // Only memories reserve much address space (SLOT_RESERVATION each); a component
+            // instance holds several core instances and tables, which cost little.
+            let instances = pool_slots(ram, None)
+                .max(slots)
+                .saturating_mul(INSTANCES_PER_SLOT);
             let mut pool = PoolingAllocationConfig::default();
             pool.max_memory_size((crate::limits::MAX_MEMORY_MB as usize) << 20)
-                .total_component_instances(slots)
-                .total_core_instances(slots)
+                .total_component_instances(instances)
+                .total_core_instances(instances)
                 .total_memories(slots)
-                .total_tables(slots);
+                .total_tables(instances);
             let mut pooled = config.clone();
             pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
             match Engine::new(&pooled) {
                 Ok(e) => {
                     tracing::info!(
                         slots,
+                        instances,
                         memory_mib = ram.map(|b| b >> 20),
+                        address_space_gib = space.map(|b| b >> 30),
                         fuel,
-                        "wasm pooling allocator: {slots} instance slots (one per {} MiB of memory, {MIN_POOL_SLOTS} to {MAX_POOL_SLOTS})",
-                        RAM_PER_POOL_SLOT >> 20
+                        "wasm pooling allocator: {slots} memory slots (one per {} MiB of memory, at most 3/8 of the address space at {} MiB a slot, {MIN_POOL_SLOTS} to {MAX_POOL_SLOTS}), {instances} instances",
+                        RAM_PER_POOL_SLOT >> 20,
+                        SLOT_RESERVATION >> 20
                     );
                     return Ok(e);
                 }
                 Err(e) if slots > MIN_POOL_SLOTS => {
                     let fewer = (slots / 4).max(MIN_POOL_SLOTS);
                     tracing::warn!(
-                        "wasm pooling allocator: cannot reserve address space for {slots} instance slots ({e:#}); trying {fewer}"
+                        "wasm pooling allocator: cannot reserve address space for {slots} memory slots ({e:#}); trying {fewer}"
                     );
                     slots = fewer;
                 }
@@ -307,6 +332,9 @@ fn build_engine(
         .map_err(|e| Error::internal(format!("cannot create the wasm engine: {e:#}")))
 }
 
+/// Core instances, component instances and tables the pool holds for each slot the memory
+/// gives: a component instantiates several core modules, most without a memory of their own.
+const INSTANCES_PER_SLOT: u32 = 4;
 /// Memory that earns the pooling allocator one instance slot.
 const RAM_PER_POOL_SLOT: u64 = 16 << 20;
 /// The fewest slots a pool is tried with before allocating on demand.
@@ -314,17 +342,57 @@ const MIN_POOL_SLOTS: u32 = 16;
 /// The most slots (wasmtime's own default).
 const MAX_POOL_SLOTS: u32 = 1000;
 
-/// Instance slots of the pooling allocator for `memory` bytes of usable memory: one per
-/// [`RAM_PER_POOL_SLOT`], within [`MIN_POOL_SLOTS`]..=[`MAX_POOL_SLOTS`] (the most when the
-/// memory is unknown). Each slot reserves address space for a memory of up to
-/// `MAX_MEMORY_MB` plus guard pages, which a small device may not have: then fewer slots are
-/// tried, then on-demand allocation.
-pub fn pool_slots(memory: Option<u64>) -> u32 {
-    match memory {
-        None => MAX_POOL_SLOTS,
-        Some(b) => {
-            (b / RAM_PER_POOL_SLOT).clamp(MIN_POOL_SLOTS as u64, MAX_POOL_SLOTS as u64) as u32
-        }
+/// The address space one instance slot reserves: a linear memory of up to `MAX_MEMORY_MB`
+/// (wasmtime's 4 GiB reservation on 64-bit hosts) and its guard regions before and after
+/// (32 MiB each).
+pub const SLOT_RESERVATION: u64 = (crate::limits::MAX_MEMORY_MB << 20) + (64 << 20);
+
+/// Memory slots of one engine's pooling allocator for `memory` bytes of usable memory and
+/// `space` bytes of address space: one per [`RAM_PER_POOL_SLOT`] within
+/// [`MIN_POOL_SLOTS`]..=[`MAX_POOL_SLOTS`] (the most when the memory is unknown), and no more
+/// than 3/8 of the address space holds at [`SLOT_RESERVATION`] each, so that both engines
+/// (with and without fuel) fit with room for the rest of the process. A riscv64 board with
+/// Sv39 paging has 256 GiB of user address space (23 slots), an aarch64 kernel with 39-bit
+/// addresses 512 GiB (47); an x86-64 host 128 TiB. Fewer than [`MIN_POOL_SLOTS`] means no
+/// pool: instances are then allocated on demand.
+pub fn pool_slots(memory: Option<u64>, space: Option<u64>) -> u32 {
+    let by_memory = match memory {
+        None => MAX_POOL_SLOTS as u64,
+        Some(b) => (b / RAM_PER_POOL_SLOT).clamp(MIN_POOL_SLOTS as u64, MAX_POOL_SLOTS as u64),
+    };
+    let by_space = space.map_or(u64::MAX, |a| a / 8 * 3 / SLOT_RESERVATION);
+    by_memory.min(by_space) as u32
+}
+
+/// The address space this process may map: its `RLIMIT_AS` (`ulimit -v`, `prlimit --as`) or
+/// the user address space the kernel gives, whichever is less. The latter is read from where
+/// the stack sits, at the top of user space: below 2^38 under Sv39, 2^39 with 39-bit aarch64
+/// addresses, 2^47 on x86-64. `None` off Linux.
+pub fn address_space() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok();
+    let maps = std::fs::read_to_string("/proc/self/maps").ok();
+    address_space_of(limits.as_deref(), maps.as_deref())
+}
+
+/// [`address_space`] from the text of `/proc/self/limits` and `/proc/self/maps`.
+fn address_space_of(limits: Option<&str>, maps: Option<&str>) -> Option<u64> {
+    let limit = limits.and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("Max address space"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|soft| soft.parse::<u64>().ok())
+    });
+    let user = maps.and_then(|t| {
+        t.lines()
+            .filter(|l| l.ends_with("[stack]"))
+            .find_map(|l| l.split(['-', ' ']).nth(1))
+            .and_then(|end| u64::from_str_radix(end, 16).ok())
+            .filter(|&end| end > 0)
+            .map(|end| 1u64 << (64 - (end - 1).leading_zeros()).min(63))
+    });
+    match (limit, user) {
+        (Some(l), Some(u)) => Some(l.min(u)),
+        (l, u) => l.or(u),
     }
 }
 
@@ -409,12 +477,48 @@ mod tests {
 
     #[test]
     fn pool_slots_follow_memory_within_bounds() {
-        assert_eq!(pool_slots(None), 1000);
-        assert_eq!(pool_slots(Some(24 << 30)), 1000);
-        assert_eq!(pool_slots(Some(2 << 30)), 128);
-        assert_eq!(pool_slots(Some(512 << 20)), 32);
-        assert_eq!(pool_slots(Some(64 << 20)), 16);
+        assert_eq!(pool_slots(None, None), 1000);
+        assert_eq!(pool_slots(Some(24 << 30), None), 1000);
+        assert_eq!(pool_slots(Some(2 << 30), None), 128);
+        assert_eq!(pool_slots(Some(512 << 20), None), 32);
+        assert_eq!(pool_slots(Some(64 << 20), None), 16);
         assert!(available_memory().is_some_and(|m| m > 0));
+    }
+
+    #[test]
+    fn pool_slots_fit_the_address_space() {
+        // x86-64's 128 TiB does not limit a large host
+        assert_eq!(pool_slots(Some(24 << 30), Some(128 << 40)), 1000);
+        // Sv39 (256 GiB) and 39-bit aarch64 (512 GiB): 3/8 of it, at 4160 MiB a slot
+        assert_eq!(pool_slots(Some(24 << 30), Some(256 << 30)), 23);
+        assert_eq!(pool_slots(Some(24 << 30), Some(512 << 30)), 47);
+        // a 1 GiB board under Sv39: memory would give 64, the address space 23
+        assert_eq!(pool_slots(Some(1 << 30), Some(256 << 30)), 23);
+        // too little for the fewest slots: none (allocated on demand)
+        assert!(pool_slots(Some(24 << 30), Some(64 << 30)) < MIN_POOL_SLOTS);
+        assert!(address_space().is_some_and(|a| a >= 1 << 30));
+    }
+
+    #[test]
+    fn the_address_space_is_the_lesser_of_the_limit_and_the_stack_top() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
+            Max stack size            8388608              unlimited            bytes\n\
+            Max address space         274877906944         unlimited            bytes\n";
+        let unlimited = limits.replace("274877906944", "unlimited");
+        let x86 =
+            "7ffd1c0a1000-7ffd1c0c2000 rw-p 00000000 00:00 0                          [stack]\n";
+        let sv39 = "3fffd4e000-3fffd6f000 rw-p 00000000 00:00 0                          [stack]\n";
+        assert_eq!(
+            address_space_of(Some(&unlimited), Some(x86)),
+            Some(128 << 40)
+        );
+        assert_eq!(
+            address_space_of(Some(&unlimited), Some(sv39)),
+            Some(256 << 30)
+        );
+        assert_eq!(address_space_of(Some(limits), Some(x86)), Some(256 << 30));
+        assert_eq!(address_space_of(Some(limits), None), Some(256 << 30));
+        assert_eq!(address_space_of(None, None), None);
     }
 
     /// Native engines caching under `dir`, without pooling or a perf map.
