@@ -5,7 +5,7 @@ ModelInfer, and what a client that goes away or stops reading can cost.
 
 The models are wasm plugins: `testkit` in its `stream` mode (responses on request), and the
 `vad_stream` example, which streams the `vad` model's per-frame speech probabilities for a
-whole recording (ONNX Runtime only: tract cannot run the VAD graph)."""
+whole recording."""
 import json
 import os
 import queue

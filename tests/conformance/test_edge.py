@@ -46,8 +46,9 @@ EMULATED_FILES = ["main.py", "line.png"]
 # The content files left out of this run.
 LEFT_OUT = [n for n in FILES if EMULATED and n not in EMULATED_FILES]
 
-# The demo pipelines that run on tract (the stateful `vad` demo needs ONNX Runtime, and the
-# embeddings pipeline's 90 MB encoder is left out to keep emulated runs short).
+# The demo pipelines checked here on tract (the stateful `vad` demo is checked against ONNX
+# Runtime's answers in test_sequence.py, and the embeddings pipeline's 90 MB encoder is left out
+# to keep emulated runs short).
 DEMO_MODELS = ["text_direction", "text_direction_bls", "content_type"]
 
 

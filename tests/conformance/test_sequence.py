@@ -143,16 +143,18 @@ def test_the_sequence_extension_and_config(seq):
 VAD = os.path.join(ROOT, "model_repo", "vad")
 
 
-@pytest.fixture(scope="module")
-def vad_server(tmp_path_factory):
-    if "onnxruntime" not in ENGINES:
-        pytest.skip("the vad demo needs ONNX Runtime, which this run leaves out (WISP_ENGINES)")
+@pytest.fixture(scope="module", params=["tract", "onnxruntime"])
+def vad_server(request, tmp_path_factory):
+    """The vad demo on each engine. tract runs it once its `If` nodes, whose conditions the
+    fixed input shapes decide, are inlined at load: the answers below are ONNX Runtime's own."""
+    engine = request.param
+    if engine not in ENGINES:
+        pytest.skip(f"this run leaves out {engine} (WISP_ENGINES)")
     assert os.path.isfile(os.path.join(VAD, "1", "model.onnx")), \
         "model_repo/vad/1/model.onnx is missing: run ./dev test (it fetches it)"
     repo = tmp_path_factory.mktemp("vad")
     shutil.copytree(VAD, os.path.join(repo, "vad"))
-    # tract cannot plan the model's If node: the demo needs ONNX Runtime
-    proc, log, urls = start_wisp(repo, "onnxruntime", "conformance-vad.log")
+    proc, log, urls = start_wisp(repo, engine, f"conformance-vad-{engine}.log")
     yield urls
     stop_wisp(proc, log)
 

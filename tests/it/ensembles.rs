@@ -259,7 +259,6 @@ async fn text_direction_demo_reads_upright_and_rotated_text() {
     })
     .await;
     let mut c = Client::connect(server.http_addr()).await.unwrap();
-    // (the stateful `vad` demo needs ONNX Runtime: on tract the server as a whole is not ready)
     for model in ["text_direction", "text_direction_bls"] {
         let ready = c.get(&format!("/v2/models/{model}/ready")).await.unwrap();
         assert_eq!(ready.status, 200, "{model}");

@@ -149,7 +149,6 @@ async fn demo_repository_serves_the_pretrained_classifier_on_both_engines() {
     for engine in ENGINES {
         let server = start(&repo, engine).await;
         let mut c = Client::connect(server.http_addr()).await.unwrap();
-        // (the stateful `vad` demo needs ONNX Runtime: on tract the server as a whole is not ready)
         let ready = c.get("/v2/models/ppocr_cls/ready").await.unwrap();
         assert_eq!(ready.status, 200);
         let meta = c.get("/v2/models/ppocr_cls").await.unwrap().json();

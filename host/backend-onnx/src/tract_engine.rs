@@ -278,6 +278,11 @@ impl TractModel {
                 .set_input_fact(i, InferenceFact::dt_shape(datum(dt), dims))
                 .map_err(|e| Error::internal(format!("tract: input '{}': {e:#}", spec.name)))?;
         }
+        let folded = fold_known_ifs(&mut model)
+            .map_err(|e| Error::internal(format!("tract cannot plan shapes {key:?}: {e:#}")))?;
+        if folded > 0 {
+            tracing::debug!(shapes = ?key, folded, "tract: If nodes with a known condition inlined");
+        }
         let plan = model
             .into_optimized()
             .and_then(|m| m.into_runnable())
@@ -290,6 +295,87 @@ impl TractModel {
         Ok(plan)
     }
 }
+
+/// Inlines each `If` node whose condition is known once the input shapes are, in place of the
+/// node: the branch taken, as ONNX Runtime would run it. tract otherwise plans both branches
+/// and refuses an `If` whose branches give different shapes, as the VAD demo's do (`Squeeze`
+/// of a dimension that is 1, else `Identity`, on a dimension its input shapes fix). An `If`
+/// whose condition depends on input values is left to tract. Returns how many were inlined.
+fn fold_known_ifs(model: &mut InferenceModel) -> tract_onnx::prelude::TractResult<usize> {
+    use tract_hir::infer::{Factoid, InferenceModelPatch};
+    use tract_onnx::ops::logic::If;
+    use tract_onnx::prelude::OutletId;
+    let mut folded = 0;
+    // Each pass inlines one node: its branch may hold further `If`s, whose conditions the
+    // next analysis may know.
+    while folded < MAX_FOLDED_IFS {
+        let live = model.eval_order()?;
+        if !live.iter().any(|&n| model.node(n).op_is::<If>()) {
+            break;
+        }
+        // A model tract cannot analyse is reported by the plan itself, with its own words.
+        if model.analyse(false).is_err() {
+            break;
+        }
+        let known = live.iter().find_map(|&n| {
+            let n = model.node(n);
+            n.op_as::<If>()?;
+            let cond = model.outlet_fact(n.inputs[0]).ok()?.value.concretize()?;
+            Some((n.id, cond.cast_to_scalar::<bool>().ok()?))
+        });
+        let Some((id, cond)) = known else { break };
+        let node = model.node(id).clone();
+        let op = node.op_as::<If>().expect("an If node").clone();
+        // The node's inputs are its condition, then the outer values either branch reads,
+        // sorted by name (tract-onnx's own wiring of `If`); a body's inputs are named after them.
+        let mut outer: Vec<&str> = [&op.then_body, &op.else_body]
+            .iter()
+            .flat_map(|b| b.inputs.iter().map(|o| b.node(o.node).name.as_str()))
+            .collect();
+        outer.sort_unstable();
+        outer.dedup();
+        let body = if cond { &op.then_body } else { &op.else_body };
+        let mut patch = InferenceModelPatch::default();
+        let mut wired: HashMap<OutletId, OutletId> = HashMap::new();
+        for input in &body.inputs {
+            let name = &body.node(input.node).name;
+            let at = outer
+                .iter()
+                .position(|n| n == name)
+                .and_then(|i| node.inputs.get(i + 1))
+                .ok_or_else(|| {
+                    tract_onnx::tract_core::tract_data::internal::anyhow!(
+                        "If '{}': no outer value '{name}'",
+                        node.name
+                    )
+                })?;
+            wired.insert(*input, patch.tap_model(model, *at)?);
+        }
+        for inner in body.eval_order()? {
+            if body.inputs.iter().any(|o| o.node == inner) {
+                continue;
+            }
+            let n = body.node(inner);
+            let inputs: TVec<OutletId> = n.inputs.iter().map(|o| wired[o]).collect();
+            let outs =
+                patch.wire_node(format!("{}.{}", node.name, n.name), n.op.clone(), &inputs)?;
+            for (slot, out) in outs.into_iter().enumerate() {
+                wired.insert(OutletId::new(inner, slot), out);
+            }
+        }
+        for (slot, out) in body.outputs.iter().enumerate() {
+            patch.shunt_outside(model, OutletId::new(id, slot), wired[out])?;
+        }
+        patch.apply(model)?;
+        // (the node and what only it read are left as placeholders: dropped)
+        model.compact()?;
+        folded += 1;
+    }
+    Ok(folded)
+}
+
+/// The most `If` nodes one plan inlines (each costs an analysis of the whole model).
+const MAX_FOLDED_IFS: usize = 64;
 
 pub(crate) struct TractRunner {
     model: Arc<TractModel>,
