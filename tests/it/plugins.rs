@@ -1129,3 +1129,68 @@ async fn sla_guarded_rollout_rolls_back_a_failing_version_and_keeps_a_healthy_on
     }
     server.shutdown().await.unwrap();
 }
+
+/// A short call to an idle plugin runs on the thread that received it; a call that then spins
+/// until its deadline there must not take the server's async workers with it. Two instances
+/// are made quick (identity calls), then both are sent a request that loops until its 1.5 s
+/// deadline, one per async worker of this two-worker runtime: health checks every 50 ms still
+/// answer within 500 ms, and both spins end with the deadline's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_spinning_on_the_callers_thread_does_not_stall_health_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    add_plugin_model(
+        dir.path(),
+        "quick",
+        1,
+        "testkit",
+        &testkit_config(
+            &("instance_group [ { count: 2 } ]\n".to_string() + &param("wasm.timeout_ms", "1500")),
+        ),
+    );
+    let server = start_plugins(dir.path()).await;
+    let addr = server.http_addr();
+    let mut c = Client::connect(addr).await.unwrap();
+    for i in 0..20 {
+        let r = c
+            .post_json("/v2/models/quick/infer", &int_request([i, 2]))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", error_text(&r));
+    }
+    let spin = || {
+        tokio::spawn(async move {
+            let mut c = Client::connect(addr).await.unwrap();
+            let mut body = int_request([1, 2]);
+            body["parameters"] = json!({"mode": "loop"});
+            c.post_json("/v2/models/quick/infer", &body).await.unwrap()
+        })
+    };
+    let spins = [spin(), spin()];
+    let mut health = Client::connect(addr).await.unwrap();
+    let until = Instant::now() + Duration::from_millis(1200);
+    let mut slowest = Duration::ZERO;
+    while Instant::now() < until {
+        let t = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(5), health.get("/v2/health/live"))
+            .await
+            .expect("a health check answered within 5 s")
+            .unwrap();
+        assert_eq!(r.status, 200);
+        slowest = slowest.max(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a health check took {slowest:?} while plugins spun"
+    );
+    for s in spins {
+        let r = s.await.unwrap();
+        assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+        assert!(
+            error_text(&r).contains("deadline of 1500 ms"),
+            "{}",
+            error_text(&r)
+        );
+    }
+    server.shutdown().await.unwrap();
+}

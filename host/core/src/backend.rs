@@ -51,9 +51,16 @@ pub trait Instance: Send {
 
     /// Whether a short execution may run on the thread that submits the request instead of
     /// this instance's own (the scheduler's fast path when the instance is idle and nothing is
-    /// queued). Only for instances that need no thread placement and never block waiting on
-    /// other models; the default is no.
+    /// queued). Only for instances that need no thread placement, and that never block
+    /// waiting on other models unless they also [`Instance::may_stall`]; the default is no.
     fn runs_on_caller(&self) -> bool {
+        false
+    }
+
+    /// Whether an execution on a caller's thread may take long, however short recent ones
+    /// were (a plugin runs guest code until its deadline): the caller is then told before it
+    /// lends its thread (an async front end moves its other work elsewhere first).
+    fn may_stall(&self) -> bool {
         false
     }
 }

@@ -82,7 +82,7 @@ impl ModelVersion {
     fn enqueue_or_run(&self, request: InferRequest, respond: Responder) -> Result<()> {
         match &self.sequencer {
             Some(s) => s.enqueue(request, respond),
-            None => self.scheduler.enqueue_or_run(request, respond),
+            None => self.scheduler.enqueue_or_run_in(request, respond, &lend),
         }
     }
 
@@ -261,4 +261,18 @@ pub struct IndexEntry {
     pub state: &'static str,
     /// Why it is not ready (or why its last reload failed while it keeps serving).
     pub reason: String,
+}
+
+/// Runs `run` (an execution that may take long) on this thread: on a worker of a multi-thread
+/// tokio runtime through `block_in_place`, so that the worker's other tasks (health checks,
+/// other connections) move to another thread first; elsewhere (a plugin's thread, a test)
+/// directly.
+fn lend(run: &mut dyn FnMut()) {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(run)
+        }
+        _ => run(),
+    }
 }

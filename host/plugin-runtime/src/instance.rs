@@ -18,6 +18,10 @@ use crate::ModelCaller;
 
 /// What every instance of one model version shares.
 pub(crate) struct Shared {
+    /// Whether a short call may run on the thread that received the request (see
+    /// `Instance::runs_on_caller`): not a decoupled model, and not kept off by
+    /// `wasm.on_caller: false`.
+    pub on_caller: bool,
     pub name: Arc<str>,
     pub version: String,
     pub config: Arc<ModelConfig>,
@@ -429,6 +433,15 @@ impl WasmInstance {
 }
 
 impl Instance for WasmInstance {
+    fn runs_on_caller(&self) -> bool {
+        self.shared.on_caller
+    }
+
+    /// Guest code runs until its deadline (`wasm.timeout_ms`) whatever its recent calls took.
+    fn may_stall(&self) -> bool {
+        true
+    }
+
     fn execute(
         &mut self,
         batch: &[InferRequest],

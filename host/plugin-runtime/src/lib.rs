@@ -188,7 +188,13 @@ impl WasmBackend {
         let pre = link(engine, &component, name)?;
         let link = t1.elapsed();
         tracing::info!(model = %name, version, ?source, compile_ms = compile.as_secs_f64() * 1e3, "wasm component ready");
+        // A short call may run on the thread that received it unless the config keeps it off
+        // (`wasm.on_caller: false`) or its responses are streamed (decoupled: they are sent
+        // while it runs). One that calls other models may wait on them there: the scheduler
+        // lends it the thread as it would a call that runs long (`Instance::may_stall`).
+        let on_caller = limits.sandbox.on_caller && !config.decoupled();
         let shared = instance::Shared {
+            on_caller,
             name: name.as_str().into(),
             version,
             config: spec.config.clone(),

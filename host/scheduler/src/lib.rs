@@ -121,6 +121,8 @@ struct Slot {
     busy: AtomicU64,
     /// [`Instance::runs_on_caller`], read once.
     on_caller: bool,
+    /// [`Instance::may_stall`], read once.
+    may_stall: bool,
     /// Its place in start order (which instance group it belongs to).
     index: usize,
     /// Unique in the process: the rate limiter counts each instance's turns by it.
@@ -226,6 +228,7 @@ impl Scheduler {
             let n = threads.len();
             let slot = Arc::new(Slot {
                 on_caller: instance.runs_on_caller(),
+                may_stall: instance.may_stall(),
                 instance: Mutex::new(Some(instance)),
                 busy: AtomicU64::new(0),
                 index: n,
@@ -412,6 +415,18 @@ impl Scheduler {
     /// spend that long (an async front end's worker, a plugin's thread) and whose `respond`
     /// takes no lock the execution needs.
     pub fn enqueue_or_run(&self, request: InferRequest, respond: Responder) -> Result<()> {
+        self.enqueue_or_run_in(request, respond, &|run| run())
+    }
+
+    /// [`Scheduler::enqueue_or_run`], where an execution on this thread by an instance that
+    /// [`Instance::may_stall`] runs inside `lend` (an async caller's `block_in_place`, which
+    /// hands the worker's other tasks to another thread first).
+    pub fn enqueue_or_run_in(
+        &self,
+        request: InferRequest,
+        respond: Responder,
+        lend: &dyn Fn(&mut dyn FnMut()),
+    ) -> Result<()> {
         let sh = &self.shared;
         let p = &sh.policy;
         let recent = sh.recent_exec_ns.load(Ordering::Relaxed);
@@ -471,7 +486,16 @@ impl Scheduler {
         };
         let (slot, guard) = &mut instance;
         if let Some(i) = guard.as_mut() {
-            run_batch(sh, slot, i.as_mut(), vec![job]);
+            if slot.may_stall {
+                let mut job = Some(job);
+                lend(&mut || {
+                    if let Some(job) = job.take() {
+                        run_batch(sh, slot, i.as_mut(), vec![job]);
+                    }
+                });
+            } else {
+                run_batch(sh, slot, i.as_mut(), vec![job]);
+            }
         }
         Ok(())
     }

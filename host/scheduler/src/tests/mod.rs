@@ -331,6 +331,7 @@ struct Here {
     ran: Sender<(String, std::thread::ThreadId)>,
     permits: Arc<Mutex<Receiver<()>>>,
     on_caller: bool,
+    may_stall: bool,
 }
 
 impl Instance for Here {
@@ -355,17 +356,30 @@ impl Instance for Here {
     fn runs_on_caller(&self) -> bool {
         self.on_caller
     }
+
+    fn may_stall(&self) -> bool {
+        self.may_stall
+    }
 }
 
 type Ran = Receiver<(String, std::thread::ThreadId)>;
 
 fn here(policy: Policy, on_caller: bool) -> (Arc<Scheduler>, Ran, Sender<()>) {
+    here_stalling(policy, on_caller, false)
+}
+
+fn here_stalling(
+    policy: Policy,
+    on_caller: bool,
+    may_stall: bool,
+) -> (Arc<Scheduler>, Ran, Sender<()>) {
     let (ran_tx, ran) = channel();
     let (permit, permits) = channel();
     let inst = Here {
         ran: ran_tx,
         permits: Arc::new(Mutex::new(permits)),
         on_caller,
+        may_stall,
     };
     let s = Scheduler::start("test", policy, vec![Box::new(inst)], None).unwrap();
     (Arc::new(s), ran, permit)
@@ -417,6 +431,31 @@ fn a_short_request_to_an_idle_instance_runs_on_the_caller() {
     assert_eq!(st.success.get().0, 2);
     assert_eq!(s.inflight(), 0);
     assert_eq!(s.longest_execution(), None);
+}
+
+#[test]
+fn an_instance_that_may_stall_runs_on_the_caller_only_inside_its_lend() {
+    for may_stall in [false, true] {
+        let (s, ran, _permit) = here_stalling(policy(0, None), true, may_stall);
+        let me = std::thread::current().id();
+        submit(&s, "a").recv_timeout(WAIT).unwrap().unwrap();
+        ran_on(&ran, "a");
+        settle(&s);
+        let lent = std::cell::Cell::new(0);
+        let (tx, rx) = channel();
+        s.enqueue_or_run_in(
+            req("b", 1, serde_json::json!({})),
+            Box::new(move |r| tx.send(r).unwrap()),
+            &|run| {
+                lent.set(lent.get() + 1);
+                run();
+            },
+        )
+        .unwrap();
+        assert_eq!(ran_on(&ran, "b"), me, "may_stall {may_stall}");
+        rx.try_recv().expect("answered before returning").unwrap();
+        assert_eq!(lent.get(), usize::from(may_stall), "may_stall {may_stall}");
+    }
 }
 
 #[test]
@@ -483,6 +522,7 @@ fn an_instance_added_in_place_serves_the_callers_fast_path() {
         ran: ran_tx,
         permits: Arc::new(Mutex::new(permits)),
         on_caller: true,
+        may_stall: false,
     })])
     .unwrap();
     let me = std::thread::current().id();

@@ -32,14 +32,19 @@ pub const CLOCK_KEY: &str = "wasm.allow_clock";
 /// A directory, relative to the model directory, mounted read-only at `/data`
 /// (`wasm.allow_read_dir`).
 pub const READ_DIR_KEY: &str = "wasm.allow_read_dir";
+/// `false` keeps the plugin's calls on its instances' own threads (`wasm.on_caller`, default
+/// `true`: a short call to an idle instance of a plugin that calls no other model runs on the
+/// thread that received the request, with no hand-off).
+pub const ON_CALLER_KEY: &str = "wasm.on_caller";
 /// Every `wasm.*` key the sandbox knows.
-pub const SANDBOX_KEYS: [&str; 6] = [
+pub const SANDBOX_KEYS: [&str; 7] = [
     MEMORY_LIMIT_KEY,
     TIMEOUT_KEY,
     FUEL_KEY,
     ENV_KEY,
     CLOCK_KEY,
     READ_DIR_KEY,
+    ON_CALLER_KEY,
 ];
 
 /// The largest memory cap a model may ask for (the pooling allocator reserves this much address
@@ -146,6 +151,8 @@ pub struct Sandbox {
     pub clock: bool,
     /// Host directory, inside the model directory, mounted read-only in the plugin.
     pub read_dir: Option<PathBuf>,
+    /// Whether a short call may run on the thread that received the request.
+    pub on_caller: bool,
 }
 
 impl Default for Sandbox {
@@ -157,6 +164,7 @@ impl Default for Sandbox {
             allow_env: Vec::new(),
             clock: false,
             read_dir: None,
+            on_caller: true,
         }
     }
 }
@@ -204,6 +212,16 @@ impl Sandbox {
             None | Some("false") => false,
             Some("true") => true,
             Some(v) => return Err(bad(CLOCK_KEY, format!("must be true or false, got '{v}'"))),
+        };
+        sandbox.on_caller = match cfg.parameter_set(ON_CALLER_KEY) {
+            None | Some("true") => true,
+            Some("false") => false,
+            Some(v) => {
+                return Err(bad(
+                    ON_CALLER_KEY,
+                    format!("must be true or false, got '{v}'"),
+                ))
+            }
         };
         if let Some(dir) = cfg.parameter_set(READ_DIR_KEY) {
             let path = confine_read_dir(model_dir, dir)?;

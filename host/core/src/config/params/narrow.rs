@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use super::{
-    Sandbox, CLOCK_KEY, ENV_KEY, FUEL_KEY, MEMORY_LIMIT_KEY, READ_DIR_KEY, SANDBOX_KEYS,
-    TIMEOUT_KEY,
+    Sandbox, CLOCK_KEY, ENV_KEY, FUEL_KEY, MEMORY_LIMIT_KEY, ON_CALLER_KEY, READ_DIR_KEY,
+    SANDBOX_KEYS, TIMEOUT_KEY,
 };
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -51,6 +51,12 @@ pub fn check_override_narrows(
                 format!("the repository meters {bf} fuel per call"),
             );
         }
+    }
+    if o.on_caller && !b.on_caller {
+        return deny(
+            ON_CALLER_KEY,
+            "the repository keeps this plugin on its own threads".into(),
+        );
     }
     if o.clock && !b.clock {
         return deny(CLOCK_KEY, "the repository does not grant the clock".into());

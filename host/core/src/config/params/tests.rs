@@ -36,6 +36,10 @@ fn a_sandbox_denies_everything_by_default() {
     let s = Sandbox::of(&cfg(&[]), Path::new(".")).unwrap();
     assert_eq!(s, Sandbox::default());
     assert!(s.allow_env.is_empty() && !s.clock && s.read_dir.is_none() && s.fuel.is_none());
+    assert!(
+        s.on_caller,
+        "not a grant: where a call runs, not what it may reach"
+    );
 }
 
 #[test]
@@ -50,10 +54,12 @@ fn a_sandbox_reads_grants_and_limits() {
             (ENV_KEY, "A_VAR, B_VAR,,"),
             (CLOCK_KEY, "true"),
             (READ_DIR_KEY, "assets"),
+            (ON_CALLER_KEY, "false"),
         ]),
         dir.path(),
     )
     .unwrap();
+    assert!(!s.on_caller);
     assert_eq!(s.memory_bytes, 16 << 20);
     assert_eq!(s.timeout, Duration::from_millis(250));
     assert_eq!(s.fuel, Some(1000));
@@ -73,6 +79,7 @@ fn bad_sandbox_values_name_the_key() {
         (TIMEOUT_KEY, "0"),
         (FUEL_KEY, "-1"),
         (CLOCK_KEY, "yes"),
+        (ON_CALLER_KEY, "1"),
         (READ_DIR_KEY, "missing"),
         (READ_DIR_KEY, "/"),
         (READ_DIR_KEY, ".."),
@@ -204,4 +211,15 @@ fn a_spec_carries_its_parameters_typed() {
         spec.params.sla.as_ref().unwrap().p99,
         Some(Duration::from_millis(50))
     );
+}
+
+#[test]
+fn a_load_request_may_keep_a_plugin_off_callers_threads_but_not_put_it_back() {
+    let dir = Path::new(".");
+    let off = cfg(&[(ON_CALLER_KEY, "false")]);
+    let on = cfg(&[]);
+    let sandbox = |c: &ModelConfig| Sandbox::of(c, dir).unwrap();
+    assert!(check_override_narrows(&on, &off, &sandbox(&off), dir).is_ok());
+    let e = check_override_narrows(&off, &on, &sandbox(&on), dir).unwrap_err();
+    assert!(e.message().contains(ON_CALLER_KEY), "{}", e.message());
 }

@@ -1,0 +1,181 @@
+"""The plugin path: where a plugin request's server-side time goes, with a short call run on
+the thread that received it (the default) against the same plugin kept on its instance's own
+thread (`wasm.on_caller: false`), beside the ONNX add_sub on tract.
+
+One `wisp serve` of one repository, so every model is measured by the same binary in the same
+run: `add_sub` (ONNX, tract), `add_sub_rust` and `add_sub_rust_thread` (the Rust add/sub
+plugin; the second with `wasm.on_caller: false`), and when their components are built
+`add_sub_python` / `add_sub_python_thread` and `add_sub_js`. Each model gets `--requests`
+sequential requests per round over one keep-alive HTTP connection (JSON, two 16-float inputs)
+at concurrency 1, and again from 4 clients at once; rounds alternate the order of the models.
+From the statistics extension (`/v2/models/<m>/stats`, before and after each load) it reports
+per request: queue and compute_infer (Triton's figures), and the whole server-side request
+(queue + compute); from the client, p50 / p99 end to end. Medians over the rounds.
+
+    python benches/plugin_path.py --wisp target/release/wisp
+"""
+import argparse
+import http.client
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BODY = json.dumps({"inputs": [
+    {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [2.0] * 16},
+    {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16},
+]}).encode()
+WASM_CONFIG = """backend: "wasm"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+OFF_CALLER = 'parameters { key: "wasm.on_caller" value { string_value: "false" } }\n'
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_repo(repo):
+    """The models, by name; plugins whose components are not built are left out."""
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "repo", "add_sub"),
+                    os.path.join(repo, "add_sub"))
+    models = ["add_sub"]
+    target = os.path.join(ROOT, "plugins", "target")
+    plugins = [
+        ("add_sub_rust", os.path.join(target, "wasm32-wasip2", "release", "plugin_add_sub.wasm"), ""),
+        ("add_sub_rust_thread", os.path.join(target, "wasm32-wasip2", "release", "plugin_add_sub.wasm"),
+         OFF_CALLER),
+        ("add_sub_python", os.path.join(target, "python", "add-sub.wasm"), ""),
+        ("add_sub_python_thread", os.path.join(target, "python", "add-sub.wasm"), OFF_CALLER),
+        ("add_sub_js", os.path.join(target, "js", "add-sub.wasm"), ""),
+    ]
+    for name, wasm, extra in plugins:
+        if not os.path.isfile(wasm):
+            print(f"(left out: {name}, {wasm} is not built: ./dev plugins)", file=sys.stderr)
+            continue
+        os.makedirs(os.path.join(repo, name, "1"))
+        shutil.copy(wasm, os.path.join(repo, name, "1", "model.wasm"))
+        with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+            f.write(WASM_CONFIG + extra)
+        models.append(name)
+    return models
+
+
+def serve(wisp, repo):
+    port = free_port()
+    proc = subprocess.Popen(
+        [wisp, "serve", "--model-repository", repo, "--http-address", "127.0.0.1",
+         "--http-port", str(port), "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
+         "--onnx-engine", "tract"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/v2/health/ready")
+            if c.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    sys.exit("wisp did not become ready")
+
+
+def stats(port, model):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", f"/v2/models/{model}/stats")
+    s = json.loads(c.getresponse().read())["model_stats"][0]["inference_stats"]
+    return {k: (int(s[k]["count"]), int(s[k]["ns"])) for k in ("success", "queue", "compute_infer")}
+
+
+def client(port, model, n, lat):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for _ in range(n):
+        t = time.perf_counter()
+        c.request("POST", f"/v2/models/{model}/infer", BODY)
+        r = c.getresponse()
+        r.read()
+        if r.status != 200:
+            sys.exit(f"{model} answered {r.status}")
+        lat.append((time.perf_counter() - t) * 1e6)
+
+
+def load(port, model, n, clients):
+    before = stats(port, model)
+    lats = [[] for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(port, model, n, lats[i])) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = stats(port, model)
+    count = after["success"][0] - before["success"][0]
+    per = {k: (after[k][1] - before[k][1]) / max(1, count) / 1e3 for k in ("queue", "compute_infer")}
+    lat = sorted(x for l in lats for x in l)
+    return {
+        "queue": per["queue"],
+        "compute_infer": per["compute_infer"],
+        "server": per["queue"] + per["compute_infer"],
+        "p50": lat[len(lat) // 2],
+        "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wisp", required=True)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", help="also write the markdown table here")
+    args = ap.parse_args()
+    repo = tempfile.mkdtemp(prefix="wisp-plugin-path-")
+    try:
+        models = build_repo(repo)
+        proc, port = serve(args.wisp, repo)
+        try:
+            for m in models:  # warm-up: compiled code paged in, the moving average measured
+                load(port, m, 200, 1)
+            results = {(m, c): [] for m in models for c in (1, 4)}
+            for r in range(args.rounds):
+                order = models if r % 2 == 0 else list(reversed(models))
+                for m in order:
+                    for c in (1, 4):
+                        results[(m, c)].append(load(port, m, args.requests // c, c))
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+    lines = [
+        f"`{args.wisp}`, {args.requests} requests per model and concurrency per round, "
+        f"{args.rounds} rounds, medians (µs per request)",
+        "",
+        "| model | c | queue | compute_infer | server-side | e2e p50 | e2e p99 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (m, c), runs in results.items():
+        med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+        lines.append(f"| {m} | {c} | {med['queue']:.1f} | {med['compute_infer']:.1f} | "
+                     f"{med['server']:.1f} | {med['p50']:.0f} | {med['p99']:.0f} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
