@@ -58,8 +58,9 @@ pub trait Instance: Send {
     }
 
     /// Whether an execution on a caller's thread may take long, however short recent ones
-    /// were (a plugin runs guest code until its deadline): the caller is then told before it
-    /// lends its thread (an async front end moves its other work elsewhere first).
+    /// were (a plugin runs guest code until its deadline): such an execution runs on a
+    /// caller only with the caller's permit (an async front end grants it to all but one of
+    /// its workers at once).
     fn may_stall(&self) -> bool {
         false
     }

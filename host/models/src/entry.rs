@@ -263,16 +263,32 @@ pub struct IndexEntry {
     pub reason: String,
 }
 
-/// Runs `run` (an execution that may take long) on this thread: on a worker of a multi-thread
-/// tokio runtime through `block_in_place`, so that the worker's other tasks (health checks,
-/// other connections) move to another thread first; elsewhere (a plugin's thread, a test)
-/// directly.
-fn lend(run: &mut dyn FnMut()) {
+/// A permit to run a call that may take long (a plugin's) on this thread: on a worker of a
+/// multi-thread tokio runtime, granted to at most all but one of its workers at once, so that
+/// however long such calls run, one worker stays free for health checks and other connections
+/// (`tokio::task::block_in_place` would move the worker's tasks away instead, but costs as much
+/// as the hand-off to the instance's thread it saves); on any other thread (a plugin's calling
+/// a model, a test) always, on a current-thread runtime never.
+fn lend() -> Option<Box<dyn std::any::Any>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(run)
+    static LENT: AtomicUsize = AtomicUsize::new(0);
+    struct Lent;
+    impl Drop for Lent {
+        fn drop(&mut self) {
+            LENT.fetch_sub(1, Ordering::AcqRel);
         }
-        _ => run(),
     }
+    let Ok(h) = Handle::try_current() else {
+        return Some(Box::new(()));
+    };
+    if h.runtime_flavor() != RuntimeFlavor::MultiThread {
+        return None;
+    }
+    let most = h.metrics().num_workers().saturating_sub(1);
+    LENT.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        (n < most).then_some(n + 1)
+    })
+    .ok()
+    .map(|_| Box::new(Lent) as Box<dyn std::any::Any>)
 }

@@ -415,17 +415,19 @@ impl Scheduler {
     /// spend that long (an async front end's worker, a plugin's thread) and whose `respond`
     /// takes no lock the execution needs.
     pub fn enqueue_or_run(&self, request: InferRequest, respond: Responder) -> Result<()> {
-        self.enqueue_or_run_in(request, respond, &|run| run())
+        self.enqueue_or_run_in(request, respond, &|| Some(Box::new(())))
     }
 
-    /// [`Scheduler::enqueue_or_run`], where an execution on this thread by an instance that
-    /// [`Instance::may_stall`] runs inside `lend` (an async caller's `block_in_place`, which
-    /// hands the worker's other tasks to another thread first).
+    /// [`Scheduler::enqueue_or_run`], where an instance that [`Instance::may_stall`] runs on
+    /// this thread only with a permit from `lend` (kept until it is done); without one the
+    /// request is queued for the instance's own thread. An async caller grants permits to at
+    /// most all but one of its runtime's workers, so that a call spinning until its deadline
+    /// never takes every worker (health checks, other connections keep one).
     pub fn enqueue_or_run_in(
         &self,
         request: InferRequest,
         respond: Responder,
-        lend: &dyn Fn(&mut dyn FnMut()),
+        lend: &dyn Fn() -> Option<Box<dyn std::any::Any>>,
     ) -> Result<()> {
         let sh = &self.shared;
         let p = &sh.policy;
@@ -465,6 +467,18 @@ impl Scheduler {
             drop(state);
             return self.enqueue(request, respond);
         };
+        let permit = if instance.0.may_stall {
+            match lend() {
+                Some(p) => Some(p),
+                None => {
+                    drop(instance);
+                    drop(state);
+                    return self.enqueue(request, respond);
+                }
+            }
+        } else {
+            None
+        };
         let seq = state.next_seq;
         state.next_seq += 1;
         drop(state);
@@ -486,17 +500,9 @@ impl Scheduler {
         };
         let (slot, guard) = &mut instance;
         if let Some(i) = guard.as_mut() {
-            if slot.may_stall {
-                let mut job = Some(job);
-                lend(&mut || {
-                    if let Some(job) = job.take() {
-                        run_batch(sh, slot, i.as_mut(), vec![job]);
-                    }
-                });
-            } else {
-                run_batch(sh, slot, i.as_mut(), vec![job]);
-            }
+            run_batch(sh, slot, i.as_mut(), vec![job]);
         }
+        drop(permit);
         Ok(())
     }
 

@@ -434,27 +434,33 @@ fn a_short_request_to_an_idle_instance_runs_on_the_caller() {
 }
 
 #[test]
-fn an_instance_that_may_stall_runs_on_the_caller_only_inside_its_lend() {
-    for may_stall in [false, true] {
+fn an_instance_that_may_stall_runs_on_the_caller_only_with_a_permit() {
+    for (may_stall, grant) in [(false, false), (true, true), (true, false)] {
         let (s, ran, _permit) = here_stalling(policy(0, None), true, may_stall);
         let me = std::thread::current().id();
         submit(&s, "a").recv_timeout(WAIT).unwrap().unwrap();
         ran_on(&ran, "a");
         settle(&s);
-        let lent = std::cell::Cell::new(0);
+        let asked = std::cell::Cell::new(0);
         let (tx, rx) = channel();
         s.enqueue_or_run_in(
             req("b", 1, serde_json::json!({})),
             Box::new(move |r| tx.send(r).unwrap()),
-            &|run| {
-                lent.set(lent.get() + 1);
-                run();
+            &|| {
+                asked.set(asked.get() + 1);
+                grant.then(|| Box::new(()) as Box<dyn std::any::Any>)
             },
         )
         .unwrap();
-        assert_eq!(ran_on(&ran, "b"), me, "may_stall {may_stall}");
-        rx.try_recv().expect("answered before returning").unwrap();
-        assert_eq!(lent.get(), usize::from(may_stall), "may_stall {may_stall}");
+        let here = !may_stall || grant;
+        assert_eq!(
+            ran_on(&ran, "b") == me,
+            here,
+            "may_stall {may_stall}, grant {grant}"
+        );
+        rx.recv_timeout(WAIT).unwrap().unwrap();
+        assert_eq!(asked.get(), usize::from(may_stall), "may_stall {may_stall}");
+        assert_eq!(s.inflight(), 0);
     }
 }
 
