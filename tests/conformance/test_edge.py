@@ -15,6 +15,7 @@ repository's own deadline."""
 import json
 import os
 import shutil
+import urllib.request
 
 import numpy as np
 import pytest
@@ -117,3 +118,23 @@ def test_demo_pipelines_answer_as_on_x86(demo):
 def test_the_engine_is_stated_in_the_metadata(demo):
     meta = demo.get_model_metadata("magika")
     assert meta["parameters"]["engine"] == "tract", meta
+
+
+@pytest.mark.skipif(EMULATED, reason="every demo model under qemu-user takes many minutes; the "
+                                     "pipelines above run there")
+def test_the_whole_demo_repository_is_ready_on_tract():
+    """The edge quick start: `wisp serve` on model_repo/ with tract alone (as the edge build
+    has it) is ready (`/v2/health/ready` 200: start_wisp waits for it), every model READY, the
+    stateful `vad` (whose `If` nodes tract plans once inlined) included."""
+    proc, log, urls = start_wisp(os.path.join(ROOT, "model_repo"), "tract",
+                                 "conformance-edge-demo.log", ready_within=120)
+    try:
+        req = urllib.request.Request(f"http://{urls['url']}/v2/repository/index", data=b"{}",
+                                     method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            index = json.loads(r.read())
+        states = {m["name"]: m.get("state") for m in index}
+        assert states.get("vad") == "READY", states
+        assert all(s == "READY" for s in states.values()), states
+    finally:
+        stop_wisp(proc, log)
