@@ -65,7 +65,7 @@ pub trait ResponseSink: Send + Sync + std::fmt::Debug {
 pub const MAX_PARAMETERS: usize = 128;
 
 /// Refuses `count` parameters on `what` past [`MAX_PARAMETERS`].
-pub fn check_parameter_count(count: usize, what: &str) -> Result<()> {
+pub fn check_parameter_count(count: usize, what: impl std::fmt::Display) -> Result<()> {
     if count > MAX_PARAMETERS {
         return Err(Error::invalid(format!(
             "{what} has {count} parameters, more than the {MAX_PARAMETERS} a request may carry"
@@ -84,7 +84,7 @@ pub const MAX_REQUEST_TENSORS: usize = 4096;
 pub const MAX_REQUEST_RANK: usize = 64;
 
 /// Refuses `count` tensors of `kind` ("inputs", "outputs") past [`MAX_REQUEST_TENSORS`].
-pub fn check_tensor_count(count: usize, kind: &str) -> Result<()> {
+pub fn check_tensor_count(count: usize, kind: impl std::fmt::Display) -> Result<()> {
     if count > MAX_REQUEST_TENSORS {
         return Err(Error::invalid(format!(
             "the request has {count} {kind}, more than the {MAX_REQUEST_TENSORS} a request may name"
@@ -94,7 +94,7 @@ pub fn check_tensor_count(count: usize, kind: &str) -> Result<()> {
 }
 
 /// Refuses a shape of `rank` dimensions on `what` past [`MAX_REQUEST_RANK`].
-pub fn check_rank(rank: usize, what: &str) -> Result<()> {
+pub fn check_rank(rank: usize, what: impl std::fmt::Display) -> Result<()> {
     if rank > MAX_REQUEST_RANK {
         return Err(Error::invalid(format!(
             "{what} has a shape of {rank} dimensions, more than the {MAX_REQUEST_RANK} a request may give"

@@ -275,7 +275,7 @@ fn build_engine(
         config.profiler(ProfilingStrategy::PerfMap);
     }
     if pooling {
-        let ram = available_memory();
+        let ram = wisp_core::meminfo::memory_limit();
         let space = address_space();
         let mut slots = pool_slots(ram, space);
         if slots < MIN_POOL_SLOTS {
@@ -396,16 +396,6 @@ fn address_space_of(limits: Option<&str>, maps: Option<&str>) -> Option<u64> {
     }
 }
 
-/// Usable memory: the machine's total, or the cgroup's limit (systemd's `MemoryMax`) when
-/// lower. `None` off Linux.
-fn available_memory() -> Option<u64> {
-    let total = wisp_core::meminfo::MemInfo::read()?.bytes("MemTotal")?;
-    let limit = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
-        .ok()
-        .and_then(|t| t.trim().parse::<u64>().ok());
-    Some(limit.map_or(total, |l| l.min(total)))
-}
-
 /// Advances the engine's epoch every tick while the engine lives.
 fn spawn_ticker(engine: wasmtime::EngineWeak) {
     let spawned = std::thread::Builder::new()
@@ -482,7 +472,7 @@ mod tests {
         assert_eq!(pool_slots(Some(2 << 30), None), 128);
         assert_eq!(pool_slots(Some(512 << 20), None), 32);
         assert_eq!(pool_slots(Some(64 << 20), None), 16);
-        assert!(available_memory().is_some_and(|m| m > 0));
+        assert!(wisp_core::meminfo::memory_limit().is_some_and(|m| m > 0));
     }
 
     #[test]

@@ -176,7 +176,7 @@ async fn core_options(
             grpc: control(&resolved.grpc_restricted),
         },
         max_inflight_bytes: settings.max_inflight_bytes.unwrap_or_else(|| {
-            service::core::default_max_inflight_bytes(service::core::memory_limit())
+            service::core::default_max_inflight_bytes(wisp_core::meminfo::memory_limit())
         }),
         shm_key_prefix: settings.shm_key_prefix.clone(),
         shm_max_bytes: settings.shm_max_bytes,

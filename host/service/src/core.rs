@@ -34,24 +34,11 @@ pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 2 << 30;
 pub const DEFAULT_MODEL_LOAD_THREADS: usize = 4;
 
 /// The default in-flight budget: 2 GiB, or half of `memory` (the memory the server may use:
-/// [`memory_limit`]) when that is less, and at least 16 MiB.
+/// [`wisp_core::meminfo::memory_limit`]) when that is less, and at least 16 MiB.
 pub fn default_max_inflight_bytes(memory: Option<u64>) -> u64 {
     memory.map_or(DEFAULT_MAX_INFLIGHT_BYTES, |max| {
         (max / 2).clamp(16 << 20, DEFAULT_MAX_INFLIGHT_BYTES)
     })
-}
-
-/// The memory the server may use: the cgroup's `memory.max` when it has one, else the host's
-/// `MemTotal` (so that on a 1 GiB board the default budget is 512 MiB, not 2 GiB).
-pub fn memory_limit() -> Option<u64> {
-    cgroup_memory_max().or_else(|| wisp_core::meminfo::MemInfo::read()?.bytes("MemTotal"))
-}
-
-/// The cgroup's `memory.max` (cgroup v2), when it is a number (not `max`).
-pub fn cgroup_memory_max() -> Option<u64> {
-    wisp_core::repository::read_regular_text(Path::new("/sys/fs/cgroup/memory.max"), 64)
-        .ok()
-        .and_then(|t| t.trim().parse::<u64>().ok())
 }
 
 /// `$XDG_CACHE_HOME`, else `~/.cache`, from `env`.
@@ -160,7 +147,7 @@ impl CoreOptions {
             rate_limiter: None,
             cache_size: None,
             network_control: NetworkControl::default(),
-            max_inflight_bytes: default_max_inflight_bytes(memory_limit()),
+            max_inflight_bytes: default_max_inflight_bytes(wisp_core::meminfo::memory_limit()),
             shm_key_prefix: "wisp".into(),
             shm_max_bytes: crate::shm::DEFAULT_MAX_BYTES,
             allow_client_shm: false,

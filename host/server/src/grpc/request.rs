@@ -89,7 +89,12 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
     let in_shm: Vec<Option<ShmRef>> = req
         .inputs
         .iter()
-        .map(|t| shm_ref(&params_json(&t.parameters), &format!("input '{}'", t.name)))
+        .map(|t| {
+            shm_ref(
+                &params_json(&t.parameters),
+                format_args!("input '{}'", t.name),
+            )
+        })
         .collect::<Result<_, Error>>()?;
     let with_data = in_shm.iter().filter(|s| s.is_none()).count();
     if !req.raw_input_contents.is_empty() && req.raw_input_contents.len() != with_data {
@@ -147,7 +152,10 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
                     })? as usize,
             ),
         };
-        let shm = shm_ref(&params_json(&o.parameters), &format!("output '{}'", o.name))?;
+        let shm = shm_ref(
+            &params_json(&o.parameters),
+            format_args!("output '{}'", o.name),
+        )?;
         outputs.push(OutputSpec {
             name: o.name,
             binary: None,

@@ -7,6 +7,8 @@
 //! the request against the model's signature. Every error names the offending input, output or
 //! field.
 
+use std::fmt::Display;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::de::DeserializeSeed;
 use serde_json::value::RawValue;
@@ -56,13 +58,13 @@ struct Outline<'c> {
 impl Outline<'_> {
     /// [`small`], once the values in `raw` are counted (without allocating) against what is
     /// left and charged.
-    fn parse(&mut self, raw: &RawValue, what: &str) -> Result<Value> {
+    fn parse(&mut self, raw: &RawValue, what: impl Display + Copy) -> Result<Value> {
         let n = self.count(raw, what)?;
         self.take(n, what)?;
         Ok(small(raw))
     }
 
-    fn count(&self, raw: &RawValue, what: &str) -> Result<usize> {
+    fn count(&self, raw: &RawValue, what: impl Display + Copy) -> Result<usize> {
         let mut n = 0usize;
         let counted = Counter {
             n: &mut n,
@@ -76,7 +78,7 @@ impl Outline<'_> {
     }
 
     /// Takes `n` values from what is left and charges them.
-    fn take(&mut self, n: usize, what: &str) -> Result<()> {
+    fn take(&mut self, n: usize, what: impl Display + Copy) -> Result<()> {
         self.left = self
             .left
             .checked_sub(n)
@@ -85,7 +87,7 @@ impl Outline<'_> {
         self.charge.grow_to(self.base + used)
     }
 
-    fn too_many(&self, what: &str) -> Error {
+    fn too_many(&self, what: impl Display + Copy) -> Error {
         Error::invalid(format!(
             "{what} brings the request past {MAX_OUTLINE_VALUES} JSON values outside its tensors' 'data'"
         ))
@@ -104,6 +106,14 @@ struct Counter<'c> {
 }
 
 impl Counter<'_> {
+    /// A counter for a value nested in this one, adding to the same count.
+    fn nested(&mut self) -> Counter<'_> {
+        Counter {
+            n: &mut *self.n,
+            most: self.most,
+        }
+    }
+
     fn one<E: serde::de::Error>(&mut self) -> std::result::Result<(), E> {
         *self.n += 1;
         if *self.n > self.most {
@@ -148,13 +158,7 @@ impl<'de> serde::de::Visitor<'de> for Counter<'_> {
         mut seq: A,
     ) -> std::result::Result<(), A::Error> {
         self.one()?;
-        while seq
-            .next_element_seed(Counter {
-                n: &mut *self.n,
-                most: self.most,
-            })?
-            .is_some()
-        {}
+        while seq.next_element_seed(self.nested())?.is_some() {}
         Ok(())
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(
@@ -162,17 +166,8 @@ impl<'de> serde::de::Visitor<'de> for Counter<'_> {
         mut map: A,
     ) -> std::result::Result<(), A::Error> {
         self.one()?;
-        while map
-            .next_key_seed(Counter {
-                n: &mut *self.n,
-                most: self.most,
-            })?
-            .is_some()
-        {
-            map.next_value_seed(Counter {
-                n: &mut *self.n,
-                most: self.most,
-            })?;
+        while map.next_key_seed(self.nested())?.is_some() {
+            map.next_value_seed(self.nested())?;
         }
         Ok(())
     }
@@ -247,13 +242,13 @@ impl<'de> serde::de::Visitor<'de> for KeyIn<'_> {
     }
 }
 
-fn obj<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
+fn obj(v: &Value, what: impl Display + Copy) -> Result<&Map<String, Value>> {
     v.as_object()
         .ok_or_else(|| Error::invalid(format!("{what} must be a JSON object")))
 }
 
 /// A `parameters` object, at most [`wisp_core::infer::MAX_PARAMETERS`] of them.
-fn params<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>> {
+fn params(v: &Value, what: impl Display + Copy) -> Result<&Map<String, Value>> {
     let p = obj(v, what)?;
     wisp_core::infer::check_parameter_count(p.len(), what)?;
     Ok(p)
@@ -374,19 +369,15 @@ fn decode_input(
     sig: &Signature,
     outline: &mut Outline,
 ) -> Result<Input> {
-    let fields = pick(
-        raw.get().as_bytes(),
-        ["name", "datatype", "shape", "parameters", "data"],
-    )
-    .map_err(|_| Error::invalid(format!("inputs[{i}] must be a JSON object")))?;
-    let [.., data_raw] = fields;
+    // The outline keys of an input, then its `data` (the last of `INPUT_KEYS`).
+    const INPUT_KEYS: [&str; 5] = ["name", "datatype", "shape", "parameters", "data"];
+    let fields = pick(raw.get().as_bytes(), INPUT_KEYS)
+        .map_err(|_| Error::invalid(format!("inputs[{i}] must be a JSON object")))?;
+    let [outline_fields @ .., data_raw] = fields;
     let mut o = Map::new();
-    for (key, value) in ["name", "datatype", "shape", "parameters"]
-        .iter()
-        .zip(fields)
-    {
+    for (key, value) in INPUT_KEYS.iter().zip(outline_fields) {
         if let Some(v) = value {
-            let v = outline.parse(v, &format!("inputs[{i}].{key}"))?;
+            let v = outline.parse(v, format_args!("inputs[{i}].{key}"))?;
             o.insert(key.to_string(), v);
         }
     }
@@ -417,11 +408,11 @@ fn decode_input(
         .map(|d| d.as_i64().filter(|&d| d >= 0))
         .collect::<Option<_>>()
         .ok_or_else(|| at("'shape' must hold non-negative integers".into()))?;
-    wisp_core::infer::check_rank(shape.len(), &format!("input '{name}'"))?;
+    wisp_core::infer::check_rank(shape.len(), format_args!("input '{name}'"))?;
     let count = element_count(&shape).map_err(|e| at(e.message().to_string()))?;
     let params = match o.get("parameters") {
         None | Some(Value::Null) => None,
-        Some(p) => Some(params(p, &format!("input '{name}' parameters"))?),
+        Some(p) => Some(params(p, format_args!("input '{name}' parameters"))?),
     };
     let binary_size = match params.and_then(|p| p.get("binary_data_size")) {
         None => None,
@@ -432,7 +423,7 @@ fn decode_input(
         ),
     };
     if let Some(place) = params
-        .map(|p| shm_ref(p, &format!("input '{name}'")))
+        .map(|p| shm_ref(p, format_args!("input '{name}'")))
         .transpose()?
         .flatten()
     {
@@ -473,7 +464,7 @@ fn decode_input(
 }
 
 fn decode_output(i: usize, v: &Value) -> Result<OutputSpec> {
-    let o = obj(v, &format!("outputs[{i}]"))?;
+    let o = obj(v, format_args!("outputs[{i}]"))?;
     let name = o
         .get("name")
         .and_then(Value::as_str)
@@ -484,7 +475,7 @@ fn decode_output(i: usize, v: &Value) -> Result<OutputSpec> {
         ..Default::default()
     };
     if let Some(p) = o.get("parameters").filter(|p| !p.is_null()) {
-        let p = params(p, &format!("output '{}' parameters", spec.name))?;
+        let p = params(p, format_args!("output '{}' parameters", spec.name))?;
         if let Some(b) = p.get("binary_data") {
             spec.binary = Some(b.as_bool().ok_or_else(|| {
                 Error::invalid(format!(
@@ -505,7 +496,7 @@ fn decode_output(i: usize, v: &Value) -> Result<OutputSpec> {
                 })?;
             spec.classification = Some(n as usize);
         }
-        spec.shm = shm_ref(p, &format!("output '{}'", spec.name))?;
+        spec.shm = shm_ref(p, format_args!("output '{}'", spec.name))?;
     }
     Ok(spec)
 }

@@ -17,8 +17,7 @@ pub const DEFAULT_HTTP_PORT: u16 = 8000;
 pub const DEFAULT_HTTP_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
 
 pub use wisp_service::core::{
-    cgroup_memory_max, default_max_inflight_bytes, DEFAULT_MAX_INFLIGHT_BYTES,
-    DEFAULT_MODEL_LOAD_THREADS,
+    default_max_inflight_bytes, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MODEL_LOAD_THREADS,
 };
 
 /// Default `--shm-key-prefix`: shm keys must start `/wisp`.

@@ -458,7 +458,7 @@ impl Window {
 /// from a tensor's parameters (`what` names the tensor in errors); `None` without a region.
 pub fn shm_ref(
     params: &serde_json::Map<String, serde_json::Value>,
-    what: &str,
+    what: impl std::fmt::Display,
 ) -> Result<Option<ShmRef>> {
     let Some(region) = params.get("shared_memory_region") else {
         return Ok(None);
