@@ -208,3 +208,115 @@ async fn demo_repository_serves_the_pretrained_classifier_on_both_engines() {
         .fold(0f32, f32::max);
     assert!(d <= 1e-4, "tract vs onnxruntime differ by {d}: {results:?}");
 }
+
+/// Triton's ONNX Runtime backend settings, as a Triton repository carries them: every key and
+/// the `optimization` block load on ONNX Runtime and the model answers (GPU-only ones accepted
+/// on this CPU host); what Triton refuses is refused with its message, naming the field; and an
+/// accelerator Wisp cannot run refuses the model rather than running it on the CPU unasked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tritons_onnxruntime_settings_load_or_are_refused_by_name() {
+    let repo = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string(fixture_repo().join("add_sub/config.pbtxt")).unwrap();
+    let param = |k: &str, v: &str| {
+        format!("parameters {{ key: \"{k}\" value {{ string_value: \"{v}\" }} }}\n")
+    };
+    let models = [
+        (
+            "all_settings",
+            [
+                param("intra_op_thread_count", "1"),
+                param("inter_op_thread_count", "1"),
+                param("execution_mode", "1"),
+                param("enable_mem_arena", "true"),
+                param("enable_mem_pattern", "0"),
+                param("memory.enable_memory_arena_shrinkage", "cpu:0"),
+                param("session.use_device_allocator_for_initializers", "1"),
+                param("gpu_mem_limit", "4294967296"),
+                "optimization { graph { level: -1 }\n  execution_accelerators { gpu_execution_accelerator: [ { name: \"tensorrt\" } ] } }\n".into(),
+            ]
+            .concat(),
+        ),
+        (
+            "unknown_accelerator",
+            "optimization { execution_accelerators { cpu_execution_accelerator: [ { name: \"npu9000\" } ] } }\n".into(),
+        ),
+        (
+            "openvino",
+            "optimization { execution_accelerators { cpu_execution_accelerator: [ { name: \"openvino\" } ] } }\n".into(),
+        ),
+        ("bad_mode", param("execution_mode", "2")),
+        (
+            "shrink_no_arena",
+            [
+                param("enable_mem_arena", "off"),
+                param("memory.enable_memory_arena_shrinkage", "cpu:0"),
+            ]
+            .concat(),
+        ),
+    ];
+    for (name, extra) in &models {
+        let dir = repo.path().join(name);
+        std::fs::create_dir_all(dir.join("1")).unwrap();
+        std::fs::copy(
+            fixture_repo().join("add_sub/1/model.onnx"),
+            dir.join("1/model.onnx"),
+        )
+        .unwrap();
+        let config = base.replace("name: \"add_sub\"", &format!("name: \"{name}\""));
+        std::fs::write(dir.join("config.pbtxt"), config + extra).unwrap();
+    }
+    let server = start(repo.path(), OnnxEngine::Onnxruntime).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let a: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let r = c
+        .post_json(
+            "/v2/models/all_settings/infer",
+            &json!({"inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": a},
+                {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
+            ]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["outputs"][0]["data"][3], json!(4.0));
+
+    let idx = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .unwrap()
+        .json();
+    let reason = |name: &str| {
+        let row = idx
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not in {idx}"));
+        assert_eq!(row["state"], "UNAVAILABLE", "{row}");
+        row["reason"].as_str().unwrap().to_string()
+    };
+    let r = reason("unknown_accelerator");
+    assert!(
+        r.contains("optimization.execution_accelerators.cpu_execution_accelerator")
+            && r.contains("unknown Execution Accelerator 'npu9000' is requested"),
+        "{r}"
+    );
+    let r = reason("openvino");
+    assert!(
+        r.contains("'openvino'") && r.contains("OpenVINO provider"),
+        "{r}"
+    );
+    let r = reason("shrink_no_arena");
+    assert!(
+        r.contains("parameters.memory.enable_memory_arena_shrinkage")
+            && r.contains("enable_mem_arena"),
+        "{r}"
+    );
+    let r = reason("bad_mode");
+    assert!(
+        r.contains("parameters.execution_mode") && r.contains("Invalid execution mode"),
+        "{r}"
+    );
+    server.shutdown().await.unwrap();
+}

@@ -107,20 +107,43 @@ impl Backend for OnnxBackend {
         let io = tract_engine::model_io(model_file, &proto)?;
         let spec = Arc::new(Spec::new(&model.signature, &io)?);
         let instances = config.instance_count().max(1);
-        let threads = model.params.onnx;
-        let intra = threads
+        let options = &model.params.onnx;
+        if let Some(a) = options.cpu_accelerators.first() {
+            // Not run on the CPU provider instead: a model asked to run elsewhere does not
+            // quietly run here at another speed.
+            return Err(Error::invalid(format!(
+                "optimization.execution_accelerators.cpu_execution_accelerator '{}': this wisp \
+                 cannot run ONNX Runtime's OpenVINO provider; remove the accelerator to run the \
+                 model on the CPU",
+                a.name
+            )));
+        }
+        if !options.gpu_only.is_empty() {
+            tracing::warn!(
+                model = %config.name,
+                "GPU-only settings have no effect on this CPU host: {}",
+                options.gpu_only.join(", ")
+            );
+        }
+        let intra = options
             .intra_op
             .unwrap_or((self.default_threads / instances).max(1));
-        let inter = threads.inter_op.unwrap_or(1);
+        let inter = options.inter_op.unwrap_or(1);
         let engine: Engine = match &self.ort {
             Some(ort) => {
                 known_wrong::refuse_known_wrong(&proto, known_wrong::KnownWrong::OnnxRuntime)?;
                 // Sessions are built from the bytes checked here, not from the path again.
                 let bytes = (!tract_engine::has_external_data(&proto)).then(|| bytes.into());
                 drop(proto);
-                Engine::Ort(ort.prepare(model_file, bytes, intra, inter)?)
+                Engine::Ort(ort.prepare(model_file, bytes, intra, inter, options)?)
             }
             None => {
+                if *options != Default::default() {
+                    tracing::info!(
+                        model = %config.name,
+                        "tract runs this model: its ONNX Runtime settings do not apply"
+                    );
+                }
                 drop(bytes);
                 Engine::Tract(Arc::new(tract_engine::TractModel::load(
                     model_file, proto, &io, &spec,

@@ -24,6 +24,7 @@ impl OrtEngine {
         _: Option<std::sync::Arc<[u8]>>,
         _: usize,
         _: usize,
+        _: &wisp_core::config::params::OnnxOptions,
     ) -> Result<OrtModel> {
         match *self {}
     }

@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use ort::environment::Environment;
-use ort::session::Session;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::{RunOptions, Session};
 use ort::value::{DynValue, Tensor as OrtTensor, TensorElementType, ValueType};
+use wisp_core::config::params::{ExecutionMode, GraphLevel, OnnxOptions};
 use wisp_core::{DataType, Error, Result, Tensor};
 
 use crate::convert::{from_le, to_le};
@@ -48,6 +50,7 @@ impl OrtEngine {
         bytes: Option<std::sync::Arc<[u8]>>,
         intra: usize,
         inter: usize,
+        options: &OnnxOptions,
     ) -> Result<OrtModel> {
         let model = OrtModel {
             env: self.env.clone(),
@@ -55,6 +58,7 @@ impl OrtEngine {
             bytes,
             intra,
             inter,
+            options: options.clone(),
         };
         // Fail the load (not the first request) if the file does not open.
         drop(model.session()?);
@@ -68,6 +72,8 @@ pub(crate) struct OrtModel {
     bytes: Option<std::sync::Arc<[u8]>>,
     intra: usize,
     inter: usize,
+    /// The config's ONNX Runtime settings (Triton's keys).
+    options: OnnxOptions,
 }
 
 impl OrtModel {
@@ -84,6 +90,38 @@ impl OrtModel {
             .map_err(|e| err(&e))?
             .with_inter_threads(self.inter)
             .map_err(|e| err(&e))?;
+        let o = &self.options;
+        if let Some(mode) = o.execution_mode {
+            builder = builder
+                .with_parallel_execution(mode == ExecutionMode::Parallel)
+                .map_err(|e| err(&e))?;
+        }
+        if let Some(on) = o.mem_pattern {
+            builder = builder.with_memory_pattern(on).map_err(|e| err(&e))?;
+        }
+        if let Some(on) = o.mem_arena {
+            builder = builder
+                .with_execution_providers([ort::ep::CPU::default()
+                    .with_arena_allocator(on)
+                    .build()])
+                .map_err(|e| err(&e))?;
+        }
+        if let Some(on) = o.device_allocator_for_initializers {
+            builder = builder
+                .with_config_entry(
+                    "session.use_device_allocator_for_initializers",
+                    if on { "1" } else { "0" },
+                )
+                .map_err(|e| err(&e))?;
+        }
+        builder = builder
+            .with_optimization_level(match o.graph_level {
+                GraphLevel::All => GraphOptimizationLevel::All,
+                GraphLevel::Basic => GraphOptimizationLevel::Level1,
+                GraphLevel::Extended => GraphOptimizationLevel::Level2,
+                GraphLevel::Disabled => GraphOptimizationLevel::Disable,
+            })
+            .map_err(|e| err(&e))?;
         let session = match &self.bytes {
             Some(bytes) => builder.commit_from_memory(bytes),
             None => builder.commit_from_file(&self.file),
@@ -94,13 +132,28 @@ impl OrtModel {
             .iter()
             .map(|o| o.name().to_string())
             .collect();
-        Ok(OrtRunner { session, outputs })
+        let run_options = match &o.arena_shrinkage {
+            None => None,
+            Some(arenas) => {
+                let mut r = RunOptions::new().map_err(|e| err(&e))?;
+                r.set("memory.enable_memory_arena_shrinkage", arenas)
+                    .map_err(|e| err(&e))?;
+                Some(r)
+            }
+        };
+        Ok(OrtRunner {
+            session,
+            outputs,
+            run_options,
+        })
     }
 }
 
 pub(crate) struct OrtRunner {
     session: Session,
     outputs: Vec<String>,
+    /// Per-run settings (`memory.enable_memory_arena_shrinkage`), when the config has any.
+    run_options: Option<RunOptions>,
 }
 
 fn ort_err(e: ort::Error) -> Error {
@@ -190,7 +243,11 @@ impl Runner for OrtRunner {
         for t in &inputs {
             values.push((t.name.clone(), to_value(t)?));
         }
-        let outputs = self.session.run(values).map_err(ort_err)?;
+        let outputs = match &self.run_options {
+            None => self.session.run(values),
+            Some(r) => self.session.run_with_options(values, r),
+        }
+        .map_err(ort_err)?;
         self.outputs
             .iter()
             .map(|name| from_value(name, &outputs[name.as_str()]))

@@ -16,8 +16,12 @@ use std::time::Duration;
 use super::{ConfigError, ModelConfig};
 
 mod narrow;
+mod onnx;
 use crate::datatype::DataType;
 pub use narrow::check_override_narrows;
+pub use onnx::{
+    Accelerator, ExecutionMode, GraphLevel, OnnxOptions, INTER_OP_KEY, INTRA_OP_KEY, MAX_OP_THREADS,
+};
 
 /// Per-instance linear-memory cap (`wasm.memory_limit_mb`, default 256).
 pub const MEMORY_LIMIT_KEY: &str = "wasm.memory_limit_mb";
@@ -63,13 +67,6 @@ pub const MIN_REQUESTS_KEY: &str = "sla.min_requests";
 const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 const DEFAULT_MIN_REQUESTS: u64 = 20;
 
-/// ONNX Runtime's threads per session for its operators (`intra_op_thread_count`).
-pub const INTRA_OP_KEY: &str = "intra_op_thread_count";
-/// ONNX Runtime's threads per session across operators (`inter_op_thread_count`).
-pub const INTER_OP_KEY: &str = "inter_op_thread_count";
-/// The most threads a config may ask ONNX Runtime for, per session.
-pub const MAX_OP_THREADS: usize = 256;
-
 /// The most texts one embeddings request may carry (OpenAI's own limit).
 pub const MAX_EMBEDDING_INPUTS: usize = 2048;
 
@@ -78,8 +75,9 @@ pub const MAX_EMBEDDING_INPUTS: usize = 2048;
 pub struct Params {
     /// The plugin's sandbox; `Some` exactly for a wasm model.
     pub sandbox: Option<Sandbox>,
-    /// ONNX Runtime's thread counts, as far as an ONNX model's config sets them.
-    pub onnx: OnnxThreads,
+    /// ONNX Runtime's settings (Triton's ONNX Runtime backend's), as far as an ONNX model's
+    /// config sets them.
+    pub onnx: OnnxOptions,
     /// How the model joins the embeddings API, when it does (`openai.api: "embeddings"`);
     /// shared, since every embeddings request reads it.
     pub embeddings: Option<Arc<EmbeddingApi>>,
@@ -108,9 +106,9 @@ pub(super) fn read(
         None
     };
     let onnx = if cfg.is_onnx() {
-        ok(OnnxThreads::of(cfg), errs).unwrap_or_default()
+        ok(OnnxOptions::of(cfg), errs).unwrap_or_default()
     } else {
-        OnnxThreads::default()
+        OnnxOptions::default()
     };
     let embeddings = ok(EmbeddingApi::of(cfg), errs).flatten().map(Arc::new);
     let sla = ok(Sla::of(cfg), errs).flatten();
@@ -235,34 +233,6 @@ impl Sandbox {
             sandbox.read_dir = Some(path);
         }
         Ok(sandbox)
-    }
-}
-
-/// ONNX Runtime's thread counts for one model's sessions (Triton's ONNX backend parameters of
-/// the same names); `None` leaves the choice to the backend.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OnnxThreads {
-    /// `intra_op_thread_count` (0 is ONNX Runtime's own default).
-    pub intra_op: Option<usize>,
-    /// `inter_op_thread_count` (0 is ONNX Runtime's own default).
-    pub inter_op: Option<usize>,
-}
-
-impl OnnxThreads {
-    /// Reads `intra_op_thread_count` and `inter_op_thread_count`, each at most
-    /// [`MAX_OP_THREADS`].
-    pub fn of(cfg: &ModelConfig) -> Result<OnnxThreads, ConfigError> {
-        let count = |key: &str| match uint(cfg, key)? {
-            Some(n) if n > MAX_OP_THREADS as u64 => Err(bad(
-                key,
-                format!("must be at most {MAX_OP_THREADS}, got {n}"),
-            )),
-            n => Ok(n.map(|n| n as usize)),
-        };
-        Ok(OnnxThreads {
-            intra_op: count(INTRA_OP_KEY)?,
-            inter_op: count(INTER_OP_KEY)?,
-        })
     }
 }
 

@@ -91,15 +91,15 @@ fn bad_sandbox_values_name_the_key() {
 
 #[test]
 fn onnx_thread_counts_are_bounded() {
-    assert_eq!(OnnxThreads::of(&cfg(&[])).unwrap(), OnnxThreads::default());
-    let t = OnnxThreads::of(&cfg(&[(INTRA_OP_KEY, "2"), (INTER_OP_KEY, " 0 ")])).unwrap();
+    assert_eq!(OnnxOptions::of(&cfg(&[])).unwrap(), OnnxOptions::default());
+    let t = OnnxOptions::of(&cfg(&[(INTRA_OP_KEY, "2"), (INTER_OP_KEY, " 0 ")])).unwrap();
     assert_eq!((t.intra_op, t.inter_op), (Some(2), Some(0)));
     for (k, v) in [
         (INTRA_OP_KEY, "257"),
         (INTER_OP_KEY, "x"),
         (INTRA_OP_KEY, "-1"),
     ] {
-        let e = OnnxThreads::of(&cfg(&[(k, v)])).unwrap_err();
+        let e = OnnxOptions::of(&cfg(&[(k, v)])).unwrap_err();
         assert_eq!(e.path, format!("parameters.{k}"), "{k}={v}: {e:?}");
     }
 }
