@@ -45,6 +45,24 @@ def env_args():
     return emulated + shlex.split(os.environ.get("WISP_ARGS", ""))
 
 
+# A plugin's deadline under qemu-user, for `init` and each `execute`, instead of its config's.
+EMULATED_PLUGIN_DEADLINE_MS = 120000
+
+
+def relax_plugin_deadlines(repo):
+    """Gives each plugin model of the repository copy `repo` (a pathlib.Path) a 120-s deadline
+    instead of its 5 s default. For qemu-user only: riscv64 runs plugins on Pulley, an
+    interpreter itself interpreted there, and the tokenizer's `init` (0.9 s natively on Pulley)
+    can take longer than 5 s; `text_direction_bls`'s one `execute` spans a model call."""
+    for config in repo.glob("*/config.pbtxt"):
+        if not list(config.parent.glob("*/model.wasm")):
+            continue
+        text = config.read_text()
+        assert "wasm.timeout_ms" not in text, f"the test would override {config}'s own deadline"
+        config.write_text(text + 'parameters { key: "wasm.timeout_ms" value { string_value: '
+                          f'"{EMULATED_PLUGIN_DEADLINE_MS}" }} }}\n')
+
+
 def start_wisp(repo, engine, log_name, extra_args=(), ready_within=None):
     """Starts `wisp serve` on `repo`; returns (process, log file, urls) once it is ready."""
     if ready_within is None:

@@ -9,9 +9,8 @@ last bits).
 Under qemu-user the models' float arithmetic is emulated instruction by instruction: one
 `content_type` request (Magika's 0.7 GFLOP convolution) takes about 70 s, one image about 5 s.
 There the test sends two of the files (`EMULATED_FILES`), which still run every model and
-kernel of the pipeline, and gives `text_direction_bls`, whose one `execute` spans the
-`ppocr_cls` call, a 120-s deadline instead of its 5 s; natively it sends every file with the
-repository's own deadline."""
+kernel of the pipeline, and gives every plugin a 120-s deadline instead of its 5 s
+(`relax_plugin_deadlines`); natively it sends every file with the repository's own deadlines."""
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import EMULATED, ROOT, start_wisp, stop_wisp
+from conftest import EMULATED, ROOT, relax_plugin_deadlines, start_wisp, stop_wisp
 
 ANSWERS = os.path.join(ROOT, "tests", "fixtures", "edge", "demo_answers.json")
 IMAGES = os.path.join(ROOT, "tests", "fixtures", "images")
@@ -54,13 +53,10 @@ DEMO_MODELS = ["text_direction", "text_direction_bls", "content_type"]
 
 
 def emulated_repo(tmp):
-    """model_repo, copied, with `text_direction_bls` given a 120-s deadline."""
+    """model_repo, copied, each plugin with the emulated deadline (conftest)."""
     repo = tmp / "model_repo"
     shutil.copytree(os.path.join(ROOT, "model_repo"), repo)
-    config = repo / "text_direction_bls" / "config.pbtxt"
-    text = config.read_text()
-    assert "wasm.timeout_ms" not in text, "the test would override the repository's own deadline"
-    config.write_text(text + 'parameters { key: "wasm.timeout_ms" value { string_value: "120000" } }\n')
+    relax_plugin_deadlines(repo)
     return str(repo)
 
 

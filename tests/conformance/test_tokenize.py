@@ -11,7 +11,7 @@ import tritonclient.http as httpclient
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, start_wisp, stop_wisp
+from conftest import EMULATED, ROOT, relax_plugin_deadlines, start_wisp, stop_wisp
 
 MODEL = os.path.join(ROOT, "model_repo", "text_tokenize")
 MAX_LENGTH = 256  # model_repo/text_tokenize/config.pbtxt
@@ -33,6 +33,8 @@ def tokenize_server(tmp_path_factory):
                         "the tokenizer and installs the plugin)")
     repo = tmp_path_factory.mktemp("tokenize_repo")
     shutil.copytree(MODEL, os.path.join(repo, "text_tokenize"))
+    if EMULATED:
+        relax_plugin_deadlines(repo)
     proc, log, urls = start_wisp(repo, "tract", "conformance-tokenize.log")
     yield urls
     stop_wisp(proc, log)
