@@ -47,8 +47,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def build_repo(repo):
-    """The models, by name; plugins whose components are not built are left out."""
+def build_repo(repo, extra=(), only=None):
+    """The models, by name; plugins whose components are not built are left out. `extra` adds
+    (name, component) pairs served with the same config (another build of a plugin, to compare
+    in one run); `only` keeps the models whose names start with one of its prefixes."""
     shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "repo", "add_sub"),
                     os.path.join(repo, "add_sub"))
     models = ["add_sub"]
@@ -60,15 +62,17 @@ def build_repo(repo):
         ("add_sub_python", os.path.join(target, "python", "add-sub.wasm"), ""),
         ("add_sub_python_thread", os.path.join(target, "python", "add-sub.wasm"), OFF_CALLER),
         ("add_sub_js", os.path.join(target, "js", "add-sub.wasm"), ""),
-    ]
-    for name, wasm, extra in plugins:
+    ] + [(name, wasm, "") for name, wasm in extra]
+    for name, wasm, params in plugins:
+        if only and not any(name.startswith(p) for p in only):
+            continue
         if not os.path.isfile(wasm):
             print(f"(left out: {name}, {wasm} is not built: ./dev plugins)", file=sys.stderr)
             continue
         os.makedirs(os.path.join(repo, name, "1"))
         shutil.copy(wasm, os.path.join(repo, name, "1", "model.wasm"))
         with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
-            f.write(WASM_CONFIG + extra)
+            f.write(WASM_CONFIG + params)
         models.append(name)
     return models
 
@@ -140,10 +144,20 @@ def main():
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", help="also write the markdown table here")
+    ap.add_argument("--plugin", action="append", default=[], metavar="NAME=WASM",
+                    help="also serve this component as NAME (e.g. a plugin's build before a change)")
+    ap.add_argument("--only", action="append", metavar="PREFIX",
+                    help="only the models whose names start with PREFIX (repeatable; add_sub is kept)")
     args = ap.parse_args()
+    extra = []
+    for spec in args.plugin:
+        name, sep, wasm = spec.partition("=")
+        if not sep or not os.path.isfile(wasm):
+            sys.exit(f"--plugin {spec}: expected NAME=WASM with an existing file")
+        extra.append((name, os.path.abspath(wasm)))
     repo = tempfile.mkdtemp(prefix="wisp-plugin-path-")
     try:
-        models = build_repo(repo)
+        models = build_repo(repo, extra, args.only)
         proc, port = serve(args.wisp, repo)
         try:
             for m in models:  # warm-up: compiled code paged in, the moving average measured

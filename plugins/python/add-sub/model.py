@@ -2,6 +2,7 @@
 describes itself (no config.pbtxt needed). The Python side of the per-request cost benchmark."""
 
 import array
+from operator import add, sub
 
 import triton_python_backend_utils as pb_utils
 
@@ -22,8 +23,8 @@ class TritonPythonModel:
             a = pb_utils.get_input_tensor_by_name(request, "INPUT0")
             b = pb_utils.get_input_tensor_by_name(request, "INPUT1")
             x, y = a.as_array(), b.as_array()
-            total = array.array("f", (p + q for p, q in zip(x, y)))
-            diff = array.array("f", (p - q for p, q in zip(x, y)))
+            total = array.array("f", map(add, x, y))
+            diff = array.array("f", map(sub, x, y))
             responses.append(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("OUTPUT0", total, "FP32", a.shape()),
                 pb_utils.Tensor("OUTPUT1", diff, "FP32", a.shape()),

@@ -17,7 +17,11 @@ except ImportError:  # native: tests
 
 _ERROR_CODES = {}
 _CODES_BACK = {}
+# The WIT datatype enum by name, from a dictionary (`Enum[...]` is a Python-level lookup, paid
+# for every tensor of every call; so is `.name`, hence `_name_`, the member's own attribute).
+_DATATYPES = {}
 if INSIDE:
+    _DATATYPES = {d._name_: d for d in _t.Datatype}
     _ERROR_CODES = {
         TritonError.INVALID_ARG: _t.ErrorCode.INVALID_ARGUMENT,
         TritonError.NOT_FOUND: _t.ErrorCode.NOT_FOUND,
@@ -38,12 +42,11 @@ def from_wit_error(e):
 
 
 def to_wit_tensor(t):
-    return _t.Tensor(name=t.name(), datatype=_t.Datatype[t.datatype()], shape=t.shape(),
-                     data=t.as_bytes())
+    return _t.Tensor(t._name, _DATATYPES[t._datatype], t._shape, t._data)
 
 
 def from_wit_tensor(t):
-    return Tensor._raw(t.name, t.datatype.name, t.shape, t.data)
+    return Tensor._raw(t.name, t.datatype._name_, t.shape, t.data)
 
 
 def to_wit_param(k, v):

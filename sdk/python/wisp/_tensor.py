@@ -4,6 +4,7 @@ element; BYTES elements each a 4-byte little-endian length and the bytes)."""
 import array
 import struct
 import sys
+from itertools import repeat
 
 # datatype -> (element size in bytes or None for BYTES, array/memoryview typecode or None)
 DATATYPES = {
@@ -23,6 +24,13 @@ DATATYPES = {
     "BYTES": (None, None),
 }
 
+# `array` typecodes taken as they are, and the datatype each one is (`l`/`L` are left out:
+# 8 bytes on 64-bit hosts, 4 in wasm32; they are converted element by element).
+_ARRAY_CODES = {"B": "B", "H": "H", "I": "I", "Q": "Q", "b": "b", "h": "h", "i": "i", "q": "q",
+                "f": "f", "d": "d"}
+_ARRAY_DATATYPES = {"B": "UINT8", "H": "UINT16", "I": "UINT32", "Q": "UINT64", "b": "INT8",
+                    "h": "INT16", "i": "INT32", "q": "INT64", "f": "FP32", "d": "FP64"}
+
 _NUMPY_DTYPES = {
     "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
     "UINT64": "uint64", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
@@ -30,18 +38,30 @@ _NUMPY_DTYPES = {
 }
 
 
-def _flatten(values, shape, depth=0):
-    """Flattens nested lists, checking that they are rectangular; fills `shape`."""
-    if isinstance(values, (list, tuple)):
-        if len(shape) <= depth:
-            shape.append(len(values))
-        elif shape[depth] != len(values):
-            raise ValueError("nested lists are not rectangular")
-        out = []
-        for v in values:
-            out.extend(_flatten(v, shape, depth + 1))
-        return out
-    return [values]
+_SEQ = (list, tuple)
+
+
+def _flatten(values, shape):
+    """Flattens nested lists level by level, checking that they are rectangular; fills
+    `shape`. Each level is one pass of C-level `extend`s, not a Python call per element."""
+    probe = values
+    while isinstance(probe, _SEQ):
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    if not shape:
+        return [values]
+    flat = values
+    for width in shape[1:]:
+        rows, flat = flat, []
+        for row in rows:
+            if not isinstance(row, _SEQ) or len(row) != width:
+                raise ValueError("nested lists are not rectangular")
+            flat.extend(row)
+    if any(map(isinstance, flat, repeat(_SEQ, len(flat)))):
+        raise ValueError("nested lists are not rectangular")
+    return flat
 
 
 def _count(shape):
@@ -92,7 +112,12 @@ class Tensor:
             self._datatype, self._shape, self._data = datatype, list(shape), bytes(values)
             self._check()
             return
-        if hasattr(values, "dtype") and hasattr(values, "tobytes"):  # numpy
+        if isinstance(values, array.array):
+            if self._from_array(values, datatype, shape):
+                return
+            values = values.tolist()
+        elif not isinstance(values, _SEQ) and hasattr(values, "dtype") and hasattr(
+                values, "tobytes"):  # numpy (probed last: a failed hasattr raises inside)
             import numpy as np
 
             arr = np.ascontiguousarray(values)
@@ -106,8 +131,6 @@ class Tensor:
                 self._data = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
                 self._check()
                 return
-        if isinstance(values, array.array):
-            values = values.tolist()
         found = []
         flat = _flatten(values, found)
         shape = found if shape is None else list(shape)
@@ -119,6 +142,22 @@ class Tensor:
             raise ValueError(
                 f"tensor '{name}': {len(flat)} elements do not fill shape {shape}")
         self._datatype, self._shape, self._data = datatype, shape, _encode(datatype, flat)
+
+    def _from_array(self, a, datatype, shape):
+        """An `array.array` whose typecode is the datatype's is taken as it is, without a
+        pass over its elements (False: it needs converting)."""
+        datatype = datatype or _ARRAY_DATATYPES.get(a.typecode)
+        if datatype is None or DATATYPES.get(datatype, (0, None))[1] != _ARRAY_CODES.get(
+                a.typecode, a.typecode):
+            return False
+        self._datatype = datatype
+        self._shape = [len(a)] if shape is None else list(shape)
+        if sys.byteorder != "little":
+            a = array.array(a.typecode, a)
+            a.byteswap()
+        self._data = a.tobytes()
+        self._check()
+        return True
 
     def _check(self):
         if self._datatype not in DATATYPES:
@@ -132,7 +171,8 @@ class Tensor:
     @classmethod
     def _raw(cls, name, datatype, shape, data):
         t = cls.__new__(cls)
-        t._name, t._datatype, t._shape, t._data = name, datatype, list(shape), bytes(data)
+        t._name, t._datatype, t._shape = name, datatype, shape
+        t._data = data if type(data) is bytes else bytes(data)
         return t
 
     def name(self):
