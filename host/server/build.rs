@@ -4,6 +4,7 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     embed_plugin_kit()?;
+    stamp_commit();
     println!("cargo:rerun-if-changed=proto/grpc_service.proto");
     println!("cargo:rerun-if-changed=../core/proto/model_config.proto");
     let fds = protox::compile(["grpc_service.proto"], ["proto", "../core/proto"])?;
@@ -18,6 +19,63 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".inference.ModelInferResponse.raw_output_contents")
         .compile_fds(fds)?;
     Ok(())
+}
+
+/// `WISP_COMMIT` for `wisp --version`: `$WISP_BUILD_COMMIT` when set (a build from a tarball),
+/// else the checkout's `git rev-parse --short=12 HEAD`, else "unknown". Reruns when HEAD or the
+/// branch it names moves (only files that exist are watched: a missing one would rerun every
+/// build).
+fn stamp_commit() {
+    println!("cargo:rerun-if-env-changed=WISP_BUILD_COMMIT");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let git = root.join(".git");
+    let head = git.join("HEAD");
+    if head.is_file() {
+        println!("cargo:rerun-if-changed={}", head.display());
+        if let Ok(text) = std::fs::read_to_string(&head) {
+            if let Some(r) = text.trim().strip_prefix("ref: ") {
+                let branch = git.join(r);
+                if branch.is_file() {
+                    println!("cargo:rerun-if-changed={}", branch.display());
+                }
+            }
+        }
+        let packed = git.join("packed-refs");
+        if packed.is_file() {
+            println!("cargo:rerun-if-changed={}", packed.display());
+        }
+    }
+    let commit = std::env::var("WISP_BUILD_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| {
+            let out = std::process::Command::new("git")
+                .args(["rev-parse", "--short=12", "HEAD"])
+                .current_dir(&root)
+                .output()
+                .ok()?;
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=WISP_COMMIT={commit}");
+    // The wasmtime the lock file pins (the plugin runtime's), for the same report.
+    let lock = root.join("Cargo.lock");
+    println!("cargo:rerun-if-changed={}", lock.display());
+    let wasmtime = std::fs::read_to_string(&lock)
+        .ok()
+        .and_then(|text| {
+            let at = text.find("\nname = \"wasmtime\"\nversion = \"")?;
+            let rest = &text[at + "\nname = \"wasmtime\"\nversion = \"".len()..];
+            Some(rest[..rest.find('"')?].to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=WISP_WASMTIME={wasmtime}");
+    println!(
+        "cargo:rustc-env=WISP_TARGET={}",
+        std::env::var("TARGET").unwrap_or_default()
+    );
 }
 
 /// Embeds the plugin toolchain's sources (the WIT package and the Rust, Python and JS SDKs)

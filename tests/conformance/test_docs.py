@@ -28,7 +28,9 @@ DOCS = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.pat
 # Blocks run elsewhere: (file, the block's first line) → the test that runs the same thing.
 COVERED = {
     ("README.md", "./dev serve     # builds Wisp and serves model_repo/ on :8000"):
-        ".ci/run (./dev test) itself; ./dev serve runs the same build and `wisp serve` on model_repo",
+        ".ci/run (./dev test) itself; ./dev serve runs the same build and `wisp serve` on model_repo; "
+        "./dev install and wisp --version: test_plugin_cli.py (its `alone` fixture and "
+        "test_version_names_the_commit_and_what_this_build_runs)",
     ("README.md", "wisp plugin new shout --lang rust     # or python, js: a project with a test, wit/, wisp-sdk/"):
         "test_plugin_cli.py::test_new_build_check_run_serve_from_the_binary_alone (new, build, run, serve per language)",
     ("docs/operations.md", "wisp serve --model-repository /models \\"):
@@ -42,7 +44,8 @@ COVERED = {
     ("docs/plugins.md", "use wisp_core::Tensor;"):
         "the compiled (no_run) rustdoc example of wisp_service::embed, and tests/it/embed.rs",
     ("docs/plugins.md", "import numpy as np"):
-        "test_inprocess.py (import wisp: infer, models, metadata)",
+        "test_inprocess.py (import wisp: infer, models, metadata); `./dev test package` runs "
+        "this block as written after `pip install ./host/python` in a fresh venv",
     ("docs/serving.md", "wisp serve --model-repository model_repo \\"):
         "test_trace_otel.py (these --trace-config flags, against a collector)",
 }

@@ -1,6 +1,7 @@
-"""`wisp plugin` from the binary alone: the built `wisp` is copied into an empty directory away
-from the repository, and for each language `new` scaffolds a project that `build` turns into a
-repository entry, `check` accepts, `run` executes and `serve` answers over HTTP without a
+"""`wisp plugin` from the binary alone: `./dev install` puts the built `wisp` into an empty
+directory away from the repository, and for each language `new` scaffolds a project that
+`build` turns into a repository entry (the Python one built from inside the project, with no
+directory named), `check` accepts, `run` executes and `serve` answers over HTTP without a
 config.pbtxt (the plugin describes itself). The Rust project builds against the packaged
 `wisp-sdk` crate (`cargo package`), which must hold the same files the binary writes."""
 import json
@@ -25,8 +26,39 @@ def alone(tmp_path_factory):
     """An empty directory outside the repository holding only a copy of the `wisp` binary."""
     d = tmp_path_factory.mktemp("alone")
     assert not str(d).startswith(ROOT)
-    shutil.copy(WISP, d / "wisp")
+    env = dict(os.environ, PATH="/usr/bin:/bin")
+    r = subprocess.run(["bash", os.path.join(ROOT, "dev"), "install", "--binary", WISP, str(d)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"installed {d}/wisp" in r.stdout, r.stdout
+    assert f'{d} is not on your PATH: export PATH="{d}:$PATH"' in r.stdout, r.stdout
+    assert os.access(d / "wisp", os.X_OK) and os.listdir(d) == ["wisp"]
     return d
+
+
+def test_version_names_the_commit_and_what_this_build_runs(alone):
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DYLIB_PATH"}
+    for flag in ("--version", "-V"):
+        out = subprocess.run([str(alone / "wisp"), flag], env=dict(env, ORT_DYLIB_PATH=""),
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        lines = out.splitlines()
+        assert lines[0].startswith("wisp 0.") and "x86_64-unknown-linux-gnu" in lines[0], out
+        if commit:  # a checkout (CI's fresh clone is one): the binary was built from HEAD
+            assert f"(commit {commit}," in lines[0], out
+        assert lines[1].startswith("onnx engines: tract (built in), onnxruntime ("), out
+        assert "plugins: wasmtime 48." in out and "default native" in out, out
+    # ONNX Runtime found, or said not to be
+    lib = os.environ.get("ORT_DYLIB_PATH")
+    if lib:
+        out = subprocess.run([str(alone / "wisp"), "--version"], env=dict(env, ORT_DYLIB_PATH=lib),
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        assert f"onnxruntime (found: {lib})" in out, out
+    out = subprocess.run([str(alone / "wisp"), "--version"],
+                         env=dict(env, ORT_DYLIB_PATH="/nonexistent/libonnxruntime.so"),
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "named but missing: /nonexistent/libonnxruntime.so" in out, out
 
 
 def wisp(alone, *args, cwd=None, env=None, timeout=900):
@@ -120,7 +152,10 @@ def test_new_build_check_run_serve_from_the_binary_alone(alone, tmp_path, lang):
                            cwd=project, capture_output=True, text=True, timeout=120)
         assert t.returncode == 0, t.stdout + t.stderr
     repo = work / "repo"
-    r = wisp(alone, "build", name, "--out", str(repo), cwd=work)
+    if lang == "python":  # from inside the project: the directory defaults to "."
+        r = wisp(alone, "build", "--out", str(repo), cwd=project)
+    else:
+        r = wisp(alone, "build", name, "--out", str(repo), cwd=work)
     assert r.returncode == 0, r.stdout + r.stderr
     wasm = repo / name / "1" / "model.wasm"
     assert wasm.is_file() and not (repo / name / "config.pbtxt").exists()

@@ -105,6 +105,14 @@ fn keygen(args: crate::settings::KeygenArgs) -> anyhow::Result<()> {
 
 /// Runs `wisp` with the process arguments.
 pub fn main() -> anyhow::Result<()> {
+    // `wisp --version` (or `-V`) reports the build and what it can run here; clap's own flag
+    // would print the version alone.
+    if let Some(flag) = std::env::args_os().nth(1) {
+        if (flag == "--version" || flag == "-V") && std::env::args_os().nth(2).is_none() {
+            print!("{}", crate::version::report(&wisp_core::env::ProcessEnv));
+            return Ok(());
+        }
+    }
     let cli = Cli::parse();
     let settings = match cli.command {
         Command::Serve(settings) => settings,

@@ -30,6 +30,7 @@ pub use wisp_service as service;
 pub mod settings;
 pub mod systemd;
 pub mod tls;
+pub mod version;
 
 /// Model lifecycle lives in its own crate, which knows nothing of HTTP, gRPC or Prometheus.
 pub use wisp_models as models;

@@ -43,6 +43,7 @@ pub enum PluginCommand {
     /// Build a plugin project into `<out>/<name>/1/model.wasm` (with its config.pbtxt).
     Build {
         /// The project directory (`Cargo.toml`, `model.py` or `plugin.js`).
+        #[arg(default_value = ".")]
         dir: PathBuf,
         /// The repository to write into (default: `<dir>/build`).
         #[arg(long, value_name = "REPO")]
