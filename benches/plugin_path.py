@@ -5,12 +5,16 @@ thread (`wasm.on_caller: false`), beside the ONNX add_sub on tract.
 One `wisp serve` of one repository, so every model is measured by the same binary in the same
 run: `add_sub` (ONNX, tract), `add_sub_rust` and `add_sub_rust_thread` (the Rust add/sub
 plugin; the second with `wasm.on_caller: false`), and when their components are built
-`add_sub_python` / `add_sub_python_thread` and `add_sub_js`. Each model gets `--requests`
-sequential requests per round over one keep-alive HTTP connection (JSON, two 16-float inputs)
-at concurrency 1, and again from 4 clients at once; rounds alternate the order of the models.
-From the statistics extension (`/v2/models/<m>/stats`, before and after each load) it reports
-per request: queue and compute_infer (Triton's figures), and the whole server-side request
-(queue + compute); from the client, p50 / p99 end to end. Medians over the rounds.
+`add_sub_python` / `add_sub_python_thread` and `add_sub_js` (`--plugin NAME=WASM` adds another
+build, `--only PREFIX` narrows the list). Each model gets `--requests` requests per round for
+each protocol (HTTP with JSON over keep-alive connections, gRPC with tritonclient's binary
+tensors) and each concurrency (1, 4 and 16 clients at once by default, the requests split
+between them); rounds alternate the order of the models. From the statistics extension
+(`/v2/models/<m>/stats`, before and after each load) it reports per request: queue and
+compute_infer (Triton's figures), and the whole server-side request (queue + compute); from
+the clients, p50 / p99 end to end and requests per second (Python clients: at c=16 the
+clients' own CPU bounds the rate on two cores). The server's RSS when ready and after the
+run is for all the models together (one process). Medians over the rounds.
 
     python benches/plugin_path.py --wisp target/release/wisp
 """
@@ -78,12 +82,13 @@ def build_repo(repo, extra=(), only=None):
 
 
 def serve(wisp, repo):
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
         [wisp, "serve", "--model-repository", repo, "--http-address", "127.0.0.1",
-         "--http-port", str(port), "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
+         "--http-port", str(port), "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()),
          "--onnx-engine", "tract"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    serve.grpc_port = grpc_port
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
@@ -117,14 +122,43 @@ def client(port, model, n, lat):
         lat.append((time.perf_counter() - t) * 1e6)
 
 
-def load(port, model, n, clients):
+def grpc_client(port, model, n, lat):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    inputs = []
+    for name, value in (("INPUT0", 2.0), ("INPUT1", 1.0)):
+        t = grpcclient.InferInput(name, [1, 16], "FP32")
+        t.set_data_from_numpy(np.full((1, 16), value, np.float32))
+        inputs.append(t)
+    for _ in range(n):
+        t = time.perf_counter()
+        c.infer(model, inputs)
+        lat.append((time.perf_counter() - t) * 1e6)
+    c.close()
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) / 1024
+
+
+def load(port, model, n, clients, proto="http"):
     before = stats(port, model)
     lats = [[] for _ in range(clients)]
-    threads = [threading.Thread(target=client, args=(port, model, n, lats[i])) for i in range(clients)]
+    if proto == "grpc":
+        target, where = grpc_client, serve.grpc_port
+    else:
+        target, where = client, port
+    threads = [threading.Thread(target=target, args=(where, model, n, lats[i]))
+               for i in range(clients)]
+    wall = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    wall = time.perf_counter() - wall
     after = stats(port, model)
     count = after["success"][0] - before["success"][0]
     per = {k: (after[k][1] - before[k][1]) / max(1, count) / 1e3 for k in ("queue", "compute_infer")}
@@ -135,6 +169,7 @@ def load(port, model, n, clients):
         "server": per["queue"] + per["compute_infer"],
         "p50": lat[len(lat) // 2],
         "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+        "rps": len(lat) / wall,
     }
 
 
@@ -148,7 +183,15 @@ def main():
                     help="also serve this component as NAME (e.g. a plugin's build before a change)")
     ap.add_argument("--only", action="append", metavar="PREFIX",
                     help="only the models whose names start with PREFIX (repeatable; add_sub is kept)")
+    ap.add_argument("--protocols", default="http,grpc", help="http (JSON), grpc (binary), or both")
+    ap.add_argument("--concurrency", default="1,4,16", help="clients at once, comma-separated")
     args = ap.parse_args()
+    protocols = [p for p in args.protocols.split(",") if p]
+    if not protocols or any(p not in ("http", "grpc") for p in protocols):
+        sys.exit("--protocols: http, grpc or http,grpc")
+    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    if not concurrency or any(not 1 <= c <= 64 for c in concurrency):
+        sys.exit("--concurrency: comma-separated counts from 1 to 64")
     extra = []
     for spec in args.plugin:
         name, sep, wasm = spec.partition("=")
@@ -160,30 +203,39 @@ def main():
         models = build_repo(repo, extra, args.only)
         proc, port = serve(args.wisp, repo)
         try:
+            rss_ready = rss_mib(proc.pid)
             for m in models:  # warm-up: compiled code paged in, the moving average measured
-                load(port, m, 200, 1)
-            results = {(m, c): [] for m in models for c in (1, 4)}
+                for proto in protocols:
+                    load(port, m, 200, 1, proto)
+            results = {(m, p, c): [] for m in models for p in protocols for c in concurrency}
             for r in range(args.rounds):
                 order = models if r % 2 == 0 else list(reversed(models))
                 for m in order:
-                    for c in (1, 4):
-                        results[(m, c)].append(load(port, m, args.requests // c, c))
+                    for p in protocols:
+                        for c in concurrency:
+                            results[(m, p, c)].append(
+                                load(port, m, max(1, args.requests // c), c, p))
+            rss_end = rss_mib(proc.pid)
         finally:
             proc.terminate()
             proc.wait(10)
     finally:
         shutil.rmtree(repo, ignore_errors=True)
     lines = [
-        f"`{args.wisp}`, {args.requests} requests per model and concurrency per round, "
-        f"{args.rounds} rounds, medians (µs per request)",
+        f"`{args.wisp}`, {args.requests} requests per model, protocol and concurrency per round, "
+        f"{args.rounds} rounds, medians (µs per request; req/s from the clients' wall time)",
         "",
-        "| model | c | queue | compute_infer | server-side | e2e p50 | e2e p99 |",
-        "|---|---|---|---|---|---|---|",
+        f"Server RSS (every model above loaded, one instance each): {rss_ready:.1f} MiB when ready, "
+        f"{rss_end:.1f} MiB after the run.",
+        "",
+        "| model | protocol | c | queue | compute_infer | server-side | e2e p50 | e2e p99 | req/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for (m, c), runs in results.items():
+    for (m, p, c), runs in results.items():
         med = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
-        lines.append(f"| {m} | {c} | {med['queue']:.1f} | {med['compute_infer']:.1f} | "
-                     f"{med['server']:.1f} | {med['p50']:.0f} | {med['p99']:.0f} |")
+        lines.append(f"| {m} | {p} | {c} | {med['queue']:.1f} | {med['compute_infer']:.1f} | "
+                     f"{med['server']:.1f} | {med['p50']:.0f} | {med['p99']:.0f} | "
+                     f"{med['rps']:.0f} |")
     text = "\n".join(lines)
     print(text)
     if args.out:
