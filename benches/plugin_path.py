@@ -81,15 +81,18 @@ def build_repo(repo, extra=(), only=None):
     return models
 
 
-def serve(wisp, repo):
+def serve(wisp, repo, engine="tract", extra=(), env=None, ready_secs=120):
+    """Starts `wisp serve` on loopback with free ports and waits for readiness; returns (proc,
+    HTTP port) and leaves the gRPC port in `serve.grpc_port`. The benches' one way to start a
+    server (`extra`: more flags, `env`: the process environment)."""
     port, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
         [wisp, "serve", "--model-repository", repo, "--http-address", "127.0.0.1",
          "--http-port", str(port), "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()),
-         "--onnx-engine", "tract"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "--onnx-engine", engine, *extra],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     serve.grpc_port = grpc_port
-    deadline = time.time() + 120
+    deadline = time.time() + ready_secs
     while time.time() < deadline:
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
@@ -100,7 +103,7 @@ def serve(wisp, repo):
             pass
         time.sleep(0.1)
     proc.kill()
-    sys.exit("wisp did not become ready")
+    sys.exit(f"wisp ({engine}) did not become ready")
 
 
 def stats(port, model):

@@ -41,27 +41,8 @@ CATEGORIES = [
 
 
 def serve(wisp, repo, model):
-    env = dict(os.environ, WISP_WASM_PERFMAP="1")
-    port = pp.free_port()
-    proc = subprocess.Popen(
-        [wisp, "serve", "--model-repository", repo, "--http-address", "127.0.0.1",
-         "--http-port", str(port), "--grpc-port", str(pp.free_port()),
-         "--metrics-port", str(pp.free_port()), "--onnx-engine", "tract",
-         "--model-control-mode", "explicit", "--load-model", model],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import http.client
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/v2/health/ready")
-            if c.getresponse().status == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("wisp did not become ready")
+    return pp.serve(wisp, repo, extra=("--model-control-mode", "explicit", "--load-model", model),
+                    env=dict(os.environ, WISP_WASM_PERFMAP="1"))
 
 
 def rounds(port, model, seconds):

@@ -23,27 +23,22 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benches"))
+import plugin_path as pp  # noqa: E402
+
 ADD_SUB = json.dumps({"inputs": [
     {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [2.0] * 16},
     {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16},
 ]}).encode()
 SPIN = json.dumps({"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}]}).encode()
 LIMITER = 'rate_limiter { resources [ { name: "HEAVY" count: 1 } ] priority: 1 }'
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_repo(repo, testkit):
@@ -65,27 +60,6 @@ instance_group [ {{ count: 16 kind: KIND_CPU {LIMITER} }} ]
 """)
 
 
-def serve(wisp, repo, extra):
-    port = free_port()
-    proc = subprocess.Popen(
-        [wisp, "serve", "--model-repository", repo, "--http-address", "127.0.0.1",
-         "--http-port", str(port), "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
-         "--onnx-engine", "tract", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/v2/health/ready")
-            if c.getresponse().status == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("wisp did not become ready")
-
-
 def spinner(port, stop, done):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     while not stop.is_set():
@@ -95,7 +69,7 @@ def spinner(port, stop, done):
 
 
 def phase(wisp, repo, extra, spinners, seconds):
-    proc, port = serve(wisp, repo, extra)
+    proc, port = pp.serve(wisp, repo, extra=extra, ready_secs=60)
     stop = threading.Event()
     done = []
     threads = [threading.Thread(target=spinner, args=(port, stop, done)) for _ in range(spinners)]

@@ -25,28 +25,6 @@ import plugin_path as pp  # noqa: E402
 ROOT = pp.ROOT
 
 
-def serve(wisp, repo, engine):
-    port = pp.free_port()
-    proc = subprocess.Popen(
-        [wisp, "serve", "--model-repository", repo, "--http-address", "127.0.0.1",
-         "--http-port", str(port), "--grpc-port", str(pp.free_port()),
-         "--metrics-port", str(pp.free_port()), "--onnx-engine", engine],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import http.client
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/v2/health/ready")
-            if c.getresponse().status == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit(f"wisp ({engine}) did not become ready")
-
-
 def perf_split(pid, port, seconds):
     """perf samples of `pid` while the client loads it: {where: share}, and requests sent."""
     data = tempfile.mktemp(suffix=".perf")
@@ -92,7 +70,7 @@ def main():
         shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "repo", "add_sub"),
                         os.path.join(repo, "add_sub"))
         for engine in ("onnxruntime", "tract"):
-            servers[engine] = serve(args.wisp, repo, engine)
+            servers[engine] = pp.serve(args.wisp, repo, engine)
         for engine, (_, port) in servers.items():
             pp.load(port, "add_sub", 500, 1)  # warm-up
         runs = {e: [] for e in servers}
