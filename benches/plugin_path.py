@@ -81,17 +81,16 @@ def build_repo(repo, extra=(), only=None):
     return models
 
 
-def serve(wisp, repo, engine="tract", extra=(), env=None, ready_secs=120):
-    """Starts `wisp serve` on loopback with free ports and waits for readiness; returns (proc,
-    HTTP port) and leaves the gRPC port in `serve.grpc_port`. The benches' one way to start a
-    server (`extra`: more flags, `env`: the process environment)."""
-    port, grpc_port = free_port(), free_port()
+def serve(wisp, repo, engine="tract", extra=(), env=None, ready_secs=120, grpc_port=None):
+    """Starts `wisp serve` on loopback and waits for readiness; returns (proc, HTTP port). The
+    benches' one way to start a server (`extra`: more flags, `env`: the process environment,
+    `grpc_port`: the gRPC port a caller will use, else a free one)."""
+    port, grpc_port = free_port(), grpc_port or free_port()
     proc = subprocess.Popen(
         [wisp, "serve", "--model-repository", repo, "--http-address", "127.0.0.1",
          "--http-port", str(port), "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()),
          "--onnx-engine", engine, *extra],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    serve.grpc_port = grpc_port
     deadline = time.time() + ready_secs
     while time.time() < deadline:
         try:
@@ -147,11 +146,13 @@ def rss_mib(pid):
         return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) / 1024
 
 
-def load(port, model, n, clients, proto="http"):
+def load(port, model, n, clients, proto="http", grpc_port=None):
+    """`n` requests from each of `clients` clients over `proto` (gRPC to `grpc_port`); the
+    statistics extension's per-request figures from the HTTP `port`, and the clients'."""
     before = stats(port, model)
     lats = [[] for _ in range(clients)]
     if proto == "grpc":
-        target, where = grpc_client, serve.grpc_port
+        target, where = grpc_client, grpc_port
     else:
         target, where = client, port
     threads = [threading.Thread(target=target, args=(where, model, n, lats[i]))
@@ -204,12 +205,13 @@ def main():
     repo = tempfile.mkdtemp(prefix="wisp-plugin-path-")
     try:
         models = build_repo(repo, extra, args.only)
-        proc, port = serve(args.wisp, repo)
+        grpc_port = free_port()
+        proc, port = serve(args.wisp, repo, grpc_port=grpc_port)
         try:
             rss_ready = rss_mib(proc.pid)
             for m in models:  # warm-up: compiled code paged in, the moving average measured
                 for proto in protocols:
-                    load(port, m, 200, 1, proto)
+                    load(port, m, 200, 1, proto, grpc_port)
             results = {(m, p, c): [] for m in models for p in protocols for c in concurrency}
             for r in range(args.rounds):
                 order = models if r % 2 == 0 else list(reversed(models))
@@ -217,7 +219,7 @@ def main():
                     for p in protocols:
                         for c in concurrency:
                             results[(m, p, c)].append(
-                                load(port, m, max(1, args.requests // c), c, p))
+                                load(port, m, max(1, args.requests // c), c, p, grpc_port))
             rss_end = rss_mib(proc.pid)
         finally:
             proc.terminate()

@@ -6,7 +6,8 @@ Two `wisp serve` processes of the same repository (the fixture `add_sub`), one p
 concurrency 1 over keep-alive JSON. For each it reports, per request and as medians over the
 rounds, queue and compute_infer from the statistics extension, and the client's p50. Then,
 with `--perf`, 8 s of `perf record` on each server under the same load, its samples split by
-where they fall (ONNX Runtime's library, wisp, tract, libc, the kernel), as µs per request.
+where they fall (ONNX Runtime's library, wisp with tract linked in, libc, the kernel), as
+shares of its samples.
 
     python benches/tiny_onnx.py --wisp target/release/wisp [--rounds 5] [--requests 2000] [--perf]
 """
@@ -27,7 +28,8 @@ ROOT = pp.ROOT
 
 def perf_split(pid, port, seconds):
     """perf samples of `pid` while the client loads it: {where: share}, and requests sent."""
-    data = tempfile.mktemp(suffix=".perf")
+    scratch = tempfile.mkdtemp(prefix="wisp-tiny-onnx-perf-")
+    data = os.path.join(scratch, "perf.data")
     perf = subprocess.Popen(["perf", "record", "-F", "4999", "-p", str(pid), "-o", data, "--",
                              "sleep", str(seconds)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -39,7 +41,7 @@ def perf_split(pid, port, seconds):
     perf.wait()
     out = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "dso",
                           "--stdio"], capture_output=True, text=True).stdout
-    os.unlink(data)
+    shutil.rmtree(scratch, ignore_errors=True)
     shares = {}
     for line in out.splitlines():
         line = line.strip()

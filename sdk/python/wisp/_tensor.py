@@ -24,12 +24,9 @@ DATATYPES = {
     "BYTES": (None, None),
 }
 
-# `array` typecodes taken as they are, and the datatype each one is (`l`/`L` are left out:
-# 8 bytes on 64-bit hosts, 4 in wasm32; they are converted element by element).
-_ARRAY_CODES = {"B": "B", "H": "H", "I": "I", "Q": "Q", "b": "b", "h": "h", "i": "i", "q": "q",
-                "f": "f", "d": "d"}
-_ARRAY_DATATYPES = {"B": "UINT8", "H": "UINT16", "I": "UINT32", "Q": "UINT64", "b": "INT8",
-                    "h": "INT16", "i": "INT32", "q": "INT64", "f": "FP32", "d": "FP64"}
+# The datatype an `array` typecode is, from the table above (`l`/`L` are in no row: 8 bytes
+# on 64-bit hosts, 4 in wasm32; such arrays are converted element by element).
+_ARRAY_DATATYPES = {code: dt for dt, (_, code) in DATATYPES.items() if code}
 
 _NUMPY_DTYPES = {
     "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
@@ -147,8 +144,7 @@ class Tensor:
         """An `array.array` whose typecode is the datatype's is taken as it is, without a
         pass over its elements (False: it needs converting)."""
         datatype = datatype or _ARRAY_DATATYPES.get(a.typecode)
-        if datatype is None or DATATYPES.get(datatype, (0, None))[1] != _ARRAY_CODES.get(
-                a.typecode, a.typecode):
+        if datatype is None or DATATYPES.get(datatype, (0, None))[1] != a.typecode:
             return False
         self._datatype = datatype
         self._shape = [len(a)] if shape is None else list(shape)
