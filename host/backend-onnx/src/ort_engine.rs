@@ -184,10 +184,12 @@ fn to_value(t: &Tensor) -> Result<DynValue> {
         DataType::Fp64 => make!(f64),
         DataType::Bf16 => make!(half::bf16),
         DataType::Bytes => {
-            let strings = raw_strings(&t.data, &t.name)?;
-            OrtTensor::from_string_array((shape, strings.as_slice()))
+            let strings = raw_strings(&t.data)?;
+            let mut v = OrtTensor::from_string_array((shape, strings.raw.as_slice()))
                 .map(|v| v.into_dyn())
-                .map_err(ort_err)
+                .map_err(ort_err)?;
+            strings.write_nul_elements(&mut v)?;
+            Ok(v)
         }
     }
 }

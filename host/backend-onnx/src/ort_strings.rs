@@ -1,11 +1,13 @@
 //! ONNX string tensors as bytes, as Triton passes them: ONNX Runtime holds each element in a
-//! `std::string`, which takes any bytes but NUL, so a BYTES element that is not UTF-8 reaches
-//! the model unchanged and comes back unchanged.
+//! `std::string`, which takes any bytes, so a BYTES element that is not UTF-8, or that holds a
+//! NUL byte, reaches the model unchanged and comes back unchanged.
 //!
 //! `ort` only speaks Rust `str` for strings: going in, its [`Utf8Data`] trait asks for bytes
-//! and hands them to `FillStringTensor` as C strings, so [`RawString`] gives it ours; coming
-//! out, `try_extract_strings` refuses what is not UTF-8, so [`extract`] reads the content with
-//! the two C API calls it makes, keeping the bytes. That call is the only unsafe code here.
+//! and hands them to `FillStringTensor` as C strings, so [`RawString`] gives it ours, and an
+//! element holding a NUL (which would end a C string early) is written afterwards with its
+//! length through `GetResizedStringTensorElementBuffer`; coming out, `try_extract_strings`
+//! refuses what is not UTF-8, so [`extract`] reads the content with the two C API calls it
+//! makes, keeping the bytes. Those calls are the only unsafe code here.
 
 use ort::value::{DynValue, Utf8Data};
 use ort::AsPointer;
@@ -72,19 +74,70 @@ unsafe fn status(s: ort::sys::OrtStatusPtr) -> Result<()> {
     Err(Error::internal(format!("ONNX Runtime: {msg}")))
 }
 
-/// BYTES tensor data → the elements ONNX Runtime will hold. A NUL byte would end a C string
-/// early, so an element holding one is refused, naming it.
-pub(crate) fn raw_strings(data: &[u8], name: &str) -> Result<Vec<RawString>> {
+/// A BYTES input on its way into an ONNX Runtime string tensor: the elements `FillStringTensor`
+/// can take as C strings, with those holding a NUL left empty there and written afterwards by
+/// [`StringInput::write_nul_elements`].
+pub(crate) struct StringInput<'a> {
+    /// One element per tensor element; empty where `with_nul` has the real bytes.
+    pub raw: Vec<RawString>,
+    with_nul: Vec<(usize, &'a [u8])>,
+}
+
+/// BYTES tensor data → the elements ONNX Runtime will hold.
+pub(crate) fn raw_strings(data: &[u8]) -> Result<StringInput<'_>> {
     let elements = wisp_core::tensor::decode_bytes_elements(data)?;
-    if let Some(i) = elements.iter().position(|b| b.contains(&0)) {
-        return Err(Error::invalid(format!(
-            "input '{name}': BYTES element {i} contains a NUL byte, which ONNX Runtime string tensors cannot hold"
-        )));
-    }
-    Ok(elements
+    let mut with_nul = Vec::new();
+    let raw = elements
         .into_iter()
-        .map(|b| RawString(b.to_vec()))
-        .collect())
+        .enumerate()
+        .map(|(i, b)| {
+            if b.contains(&0) {
+                with_nul.push((i, b));
+                RawString(Vec::new())
+            } else {
+                RawString(b.to_vec())
+            }
+        })
+        .collect();
+    Ok(StringInput { raw, with_nul })
+}
+
+impl StringInput<'_> {
+    /// Writes the elements holding a NUL into `v`, the string tensor made from [`Self::raw`],
+    /// each with its length, so none is cut at its first NUL.
+    #[allow(unsafe_code)]
+    pub(crate) fn write_nul_elements(&self, v: &mut DynValue) -> Result<()> {
+        if self.with_nul.is_empty() {
+            return Ok(());
+        }
+        let api = ort::api();
+        let count = self.raw.len();
+        for &(index, bytes) in &self.with_nul {
+            if index >= count {
+                return Err(Error::internal("string element index out of range"));
+            }
+            let mut buffer: *mut std::ffi::c_char = std::ptr::null_mut();
+            // SAFETY: `v` is a live string tensor of `count` elements that we own mutably and
+            // `index < count`; ONNX Runtime resizes that element's `std::string` to
+            // `bytes.len()` and returns its buffer, valid for that many bytes until the tensor
+            // changes again, which it does not before the copy ends.
+            unsafe {
+                status((api.GetResizedStringTensorElementBuffer)(
+                    v.ptr_mut(),
+                    index,
+                    bytes.len(),
+                    &mut buffer,
+                ))?;
+                if buffer.is_null() {
+                    return Err(Error::internal(
+                        "ONNX Runtime gave no buffer for a string element",
+                    ));
+                }
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer.cast::<u8>(), bytes.len());
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -93,14 +146,11 @@ mod tests {
     use wisp_core::tensor::encode_bytes_elements;
 
     #[test]
-    fn any_bytes_but_nul_become_elements() {
-        let data = encode_bytes_elements([&[0xffu8, 0xfe][..], b"ok", b""]);
-        let raw = raw_strings(&data, "x").unwrap();
-        let got: Vec<&[u8]> = raw.iter().map(|r| r.as_utf8_bytes()).collect();
-        assert_eq!(got, vec![&[0xffu8, 0xfe][..], b"ok", b""]);
-        let nul = encode_bytes_elements([&b"a"[..], b"b\0c"]);
-        let e = raw_strings(&nul, "x").unwrap_err();
-        assert_eq!(e.kind(), wisp_core::ErrorKind::InvalidArg);
-        assert!(e.message().contains("element 1 contains a NUL byte"), "{e}");
+    fn elements_with_a_nul_wait_to_be_written_with_their_length() {
+        let data = encode_bytes_elements([&[0xffu8, 0xfe][..], b"ok", b"", b"b\0c\0\0"]);
+        let input = raw_strings(&data).unwrap();
+        let got: Vec<&[u8]> = input.raw.iter().map(|r| r.as_utf8_bytes()).collect();
+        assert_eq!(got, vec![&[0xffu8, 0xfe][..], b"ok", b"", b""]);
+        assert_eq!(input.with_nul, vec![(3, &b"b\0c\0\0"[..])]);
     }
 }
