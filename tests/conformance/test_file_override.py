@@ -135,3 +135,23 @@ def test_a_garbage_upload_does_not_make_the_server_unready(explicit):
     assert c.is_server_ready()
     np.testing.assert_allclose(add_sub(httpclient, c, "add_sub"), 2 * np.arange(16).reshape(1, 16))
     c.unload_model("garbage")
+
+
+def test_load_names_are_judged_as_triton_judges_them(explicit):
+    """Triton's QA (`ModelNameValidationTest`): names that leave the repository are refused as
+    path traversal; names with dots that do not are looked up, and a missing one fails in
+    Triton's words, over both protocols."""
+    for mod, key in ((grpcclient, "grpc_url"), (httpclient, "url")):
+        c = mod.InferenceServerClient(url=explicit[key])
+        for name in ["model123", "model.version1", "...", "..my_model", "model..1"]:
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model(name)
+            assert "path traversal characters" not in e.value.message(), name
+            assert f"failed to load '{name}', failed to poll from model repository" in e.value.message()
+    c = grpcclient.InferenceServerClient(url=explicit["grpc_url"])
+    for name in ["../etc", "a/../b", "model/..", "..", "/etc/passwd", "model/subdir", "model/",
+                 " ..", ".. "]:
+        with pytest.raises(InferenceServerException) as e:
+            c.load_model(name)
+        assert "model name must not contain path traversal characters" in e.value.message(), name
+    assert c.is_server_live()

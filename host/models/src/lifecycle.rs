@@ -87,7 +87,14 @@ impl Registry {
     /// first, as Triton does. On failure a model that was serving keeps serving, and the reason
     /// is reported by [`Registry::index`].
     pub fn load(&self, name: &str, config_json: Option<&str>) -> Result<()> {
-        let dir = self.find_dir(name)?;
+        let dir = self.find_dir(name).map_err(|e| match e.kind() {
+            // Triton's words for a load of a model its repositories do not hold
+            wisp_core::ErrorKind::NotFound => Error::not_found(format!(
+                "failed to load '{name}', failed to poll from model repository: \
+                 there is no model directory '{name}' in the model repositories"
+            )),
+            _ => e,
+        })?;
         self.load_dir(&dir, config_json, 0)?;
         self.slot(name).shipped.lock().expect("shipped").take();
         Ok(())

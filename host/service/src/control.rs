@@ -276,15 +276,16 @@ impl Service {
     }
 }
 
-/// A load request's model name as Triton checks it, in its words: not empty or blank, and no
-/// path traversal (Wisp then also requires one plain path component).
+/// A load request's model name as Triton checks it, in its words: not empty or blank, and one
+/// plain path component: no separator, and not `.` or `..` even with blanks around them. Dots
+/// inside a name (`model..1`, `...`) name a directory like any other, as in Triton.
 fn check_load_name(model: &str) -> Result<()> {
     if model.trim().is_empty() {
         return Err(Error::invalid(
             "Model name cannot be empty. Please enter a valid name to deploy.",
         ));
     }
-    if model.contains("..") || model.contains(['/', '\\']) {
+    if model.contains(['/', '\\', '\0']) || matches!(model.trim(), "." | "..") {
         return Err(Error::invalid(format!(
             "model name must not contain path traversal characters: '{}'",
             model.escape_debug()
@@ -307,7 +308,9 @@ mod tests {
                 "Model name cannot be empty. Please enter a valid name to deploy."
             );
         }
-        for bad in ["..", "../etc", "a/b", "a\\b", "x/../y"] {
+        for bad in [
+            "..", "../etc", "a/b", "a\\b", "x/../y", "model/", " ..", ".. ", ".", "a\0b",
+        ] {
             let e = check_load_name(bad).unwrap_err();
             assert!(
                 e.message()
@@ -315,7 +318,9 @@ mod tests {
                 "{bad}: {e}"
             );
         }
-        assert!(check_load_name("add_sub").is_ok());
+        for good in ["add_sub", "model.version1", "...", "..my_model", "model..1"] {
+            assert!(check_load_name(good).is_ok(), "{good}");
+        }
     }
 
     #[test]
