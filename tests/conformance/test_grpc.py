@@ -160,5 +160,11 @@ def test_a_bytes_count_mismatch_is_worded_as_triton_words_it(server):
     x._raw_content = b"".join(struct.pack("<I", 1) + s for s in (b"a", b"b", b"c"))
     with pytest.raises(InferenceServerException) as e:
         c.infer("strings", [x])
-    assert ("expected 2 string elements for inference input 'text' for model 'strings', got 3"
+    # Triton's QA (InputShapeTest.test_input_string_shape_validation) checks both wordings
+    assert ("unexpected number of string elements 3 for inference input 'text' for model "
+            "'strings', expecting 2" in e.value.message())
+    x._raw_content = struct.pack("<I", 1) + b"a"
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("strings", [x])
+    assert ("expected 2 string elements for inference input 'text' for model 'strings', got 1"
             in e.value.message())

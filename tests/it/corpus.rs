@@ -369,7 +369,7 @@ fn http_cases() -> Vec<Case> {
                 bytes_element(b"c"),
             ]
             .concat(),
-            "expected 2 string elements for inference input 'text' for model 'strings', got 3",
+            "unexpected number of string elements 3 for inference input 'text' for model 'strings', expecting 2",
         ),
     ] {
         let header = serde_json::to_vec(&json!({"inputs": [

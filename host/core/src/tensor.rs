@@ -33,10 +33,8 @@ impl Tensor {
         let name = name.into();
         let count = element_count(&shape).map_err(|e| e.context(format!("tensor '{name}'")))?;
         match datatype.size() {
-            Some(size) => {
-                let expected = count.checked_mul(size).ok_or_else(|| {
-                    Error::invalid(format!("tensor '{name}': shape {shape:?} is too large"))
-                })?;
+            Some(_) => {
+                let expected = byte_size(&name, datatype, count)?;
                 if data.len() != expected {
                     return Err(Error::invalid(format!(
                         "tensor '{name}': expected {expected} bytes for {datatype} shape {shape:?}, got {}",
@@ -47,9 +45,16 @@ impl Tensor {
             None => {
                 let got = bytes_element_count(&data)
                     .map_err(|e| e.context(format!("tensor '{name}'")))?;
-                if got != count {
+                // Triton's two messages: too few counted at the end, too many at the first extra
+                if got < count {
                     return Err(Error::invalid(format!(
                         "expected {count} string elements for inference input '{name}', got {got} (shape {shape:?})"
+                    )));
+                }
+                if got > count {
+                    return Err(Error::invalid(format!(
+                        "unexpected number of string elements {} for inference input '{name}', expecting {count} (shape {shape:?})",
+                        count + 1
                     )));
                 }
             }
@@ -182,6 +187,21 @@ pub fn element_count(shape: &[i64]) -> Result<usize> {
             })?;
     }
     Ok(n)
+}
+
+/// Bytes of `count` elements of fixed-size `datatype` for input `name`, refused in Triton's
+/// words when they exceed what an `int64_t` holds (0 for BYTES, whose size the data decides).
+pub fn byte_size(name: &str, datatype: DataType, count: usize) -> Result<usize> {
+    let size = datatype.size().unwrap_or(0);
+    count
+        .checked_mul(size)
+        .filter(|&n| i64::try_from(n).is_ok())
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "byte size overflow for input '{name}': element count ({count}) * data type size ({size}) exceeds maximum allowed size ({})",
+                i64::MAX
+            ))
+        })
 }
 
 /// Names `model` in [`Tensor::new`]'s BYTES element-count error for `input`, as Triton words it
@@ -353,12 +373,22 @@ mod tests {
 
     #[test]
     fn the_string_count_error_names_the_model() {
-        let data = encode_bytes_elements(["a", "b", "c"]);
+        // Triton words too few and too many differently (its QA checks both)
+        let data = encode_bytes_elements(["a"]);
         let e = Tensor::new("text", DataType::Bytes, vec![1, 2], data.into()).unwrap_err();
         let e = naming_model(e, "text", "strings");
         assert!(
             e.message().starts_with(
-                "expected 2 string elements for inference input 'text' for model 'strings', got 3"
+                "expected 2 string elements for inference input 'text' for model 'strings', got 1"
+            ),
+            "{e}"
+        );
+        let data = encode_bytes_elements(["a", "b", "c", "d"]);
+        let e = Tensor::new("text", DataType::Bytes, vec![1, 2], data.into()).unwrap_err();
+        let e = naming_model(e, "text", "strings");
+        assert!(
+            e.message().starts_with(
+                "unexpected number of string elements 3 for inference input 'text' for model 'strings', expecting 2"
             ),
             "{e}"
         );
@@ -380,6 +410,15 @@ mod tests {
         assert!(
             e.message().contains(
                 "causes total element count to exceed maximum size of 9223372036854775807"
+            ),
+            "{e}"
+        );
+        // fits an int64_t as a count, not as bytes: Triton's second overflow message
+        let e =
+            Tensor::new("x", DataType::Fp32, vec![4, (1 << 60) + 2], vec![].into()).unwrap_err();
+        assert!(
+            e.message().starts_with(
+                "byte size overflow for input 'x': element count (4611686018427387912) * data type size (4)"
             ),
             "{e}"
         );

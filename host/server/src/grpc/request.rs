@@ -106,6 +106,9 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
     let mut inputs = Vec::with_capacity(req.inputs.len());
     let mut shm_inputs = Vec::new();
     let mut raw = req.raw_input_contents.iter();
+    // When several inputs' data disagree with their shapes, the last one is reported: Triton
+    // checks a request's inputs from its hash map, newest first, and its QA expects that name.
+    let mut shape_err = None;
     for (t, place) in req.inputs.into_iter().zip(in_shm) {
         let dt =
             DataType::parse(&t.datatype).map_err(|e| e.context(format!("input '{}'", t.name)))?;
@@ -132,10 +135,13 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
             }
         };
         let name = t.name.clone();
-        inputs.push(
-            Tensor::new(t.name, dt, t.shape, data)
-                .map_err(|e| naming_model(e, &name, &req.model_name))?,
-        );
+        match Tensor::new(t.name, dt, t.shape, data) {
+            Ok(t) => inputs.push(t),
+            Err(e) => shape_err = Some(naming_model(e, &name, &req.model_name)),
+        }
+    }
+    if let Some(e) = shape_err {
+        return Err(e);
     }
     let mut outputs = Vec::with_capacity(req.outputs.len());
     for o in req.outputs {
@@ -212,4 +218,49 @@ pub(crate) fn decoded_bytes(c: &pb::InferTensorContents) -> u64 {
             .iter()
             .map(|b| b.len() as u64 + 4)
             .sum::<u64>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Triton's QA (`InputShapeTest.test_input_string_shape_validation`): two BYTES inputs
+    /// whose data disagree with their shapes are reported by the second one's name, in its words
+    /// for too few and for too many.
+    #[test]
+    fn string_count_errors_name_the_last_input_in_tritons_words() {
+        let request = |count: usize| pb::ModelInferRequest {
+            model_name: "onnx_object_int32_int32".into(),
+            inputs: ["INPUT0", "INPUT1"]
+                .into_iter()
+                .map(|name| pb::model_infer_request::InferInputTensor {
+                    name: name.into(),
+                    datatype: "BYTES".into(),
+                    shape: vec![1, 16],
+                    ..Default::default()
+                })
+                .collect(),
+            raw_input_contents: (0..2)
+                .map(|_| encode_bytes_elements((0..count).map(|i| i.to_string())).into())
+                .collect(),
+            ..Default::default()
+        };
+        let e = decode(request(14)).err().unwrap();
+        assert!(
+            e.message().starts_with(
+                "expected 16 string elements for inference input 'INPUT1' for model \
+                 'onnx_object_int32_int32', got 14"
+            ),
+            "{e}"
+        );
+        let e = decode(request(18)).err().unwrap();
+        assert!(
+            e.message().starts_with(
+                "unexpected number of string elements 17 for inference input 'INPUT1' for model \
+                 'onnx_object_int32_int32', expecting 16"
+            ),
+            "{e}"
+        );
+        assert!(decode(request(16)).is_ok());
+    }
 }

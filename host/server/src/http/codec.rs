@@ -15,7 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use wisp_core::config::Signature;
 use wisp_core::tensor::{
-    decode_bytes_elements, element_count, encode_bytes_elements, naming_model,
+    byte_size, decode_bytes_elements, element_count, encode_bytes_elements, naming_model,
 };
 use wisp_core::{DataType, Error, InferRequest, Result, Tensor};
 
@@ -410,6 +410,7 @@ fn decode_input(
         .ok_or_else(|| at("'shape' must hold non-negative integers".into()))?;
     wisp_core::infer::check_rank(shape.len(), format_args!("input '{name}'"))?;
     let count = element_count(&shape).map_err(|e| at(e.message().to_string()))?;
+    byte_size(name, datatype, count)?;
     let params = match o.get("parameters") {
         None | Some(Value::Null) => None,
         Some(p) => Some(params(p, format_args!("input '{name}' parameters"))?),
@@ -515,9 +516,10 @@ fn decode_raw(body: Bytes, sig: &Signature) -> Result<Decoded> {
     let mut shape: Vec<i64> = if sig.batches() { vec![1] } else { vec![] };
     let data: Bytes = match dt.size() {
         None => {
-            if input.dims.iter().product::<i64>().abs() != 1 {
+            // Triton's rule: one element and no variable-sized dimension to deduce
+            if input.dims.iter().any(|&d| d != 1) {
                 return Err(Error::invalid(format!(
-                    "input '{}': a raw binary BYTES request needs dims [1], the config has {:?}",
+                    "For BYTE datatype raw input '{}', the model must have input shape [1] (the config has dims {:?})",
                     input.name, input.dims
                 )));
             }

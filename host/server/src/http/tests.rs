@@ -182,6 +182,32 @@ async fn every_route_answers_its_errors_with_tritons_status_and_a_message() {
             StatusCode::BAD_REQUEST,
             "Invalid value for 'ready': expected a boolean",
         ),
+        // Triton's QA (test_repository_index_deeply_nested_json): 250 000 nested arrays
+        (
+            Method::POST,
+            "/v2/repository/index",
+            format!(
+                r#"{{"ready":{}true{}}}"#,
+                "[".repeat(250_000),
+                "]".repeat(250_000)
+            ),
+            StatusCode::BAD_REQUEST,
+            "Invalid value for 'ready': expected a boolean",
+        ),
+        (
+            Method::POST,
+            "/v2/repository/index",
+            r#"{"other": [[[[{"deep": 1}]]]], "ready": false}"#.into(),
+            StatusCode::OK,
+            "",
+        ),
+        (
+            Method::POST,
+            "/v2/repository/index",
+            r#"[true]"#.into(),
+            StatusCode::BAD_REQUEST,
+            "the request body must be a JSON object",
+        ),
         (
             Method::POST,
             "/v2/repository/models/add_sub/unload",

@@ -167,6 +167,54 @@ fn raw_binary_body() {
     assert!(e.message().contains("expected 8 bytes"), "{e}");
 }
 
+/// Triton's QA (`HttpTest.test_byte_too_many_elements`): a raw BYTES body is one element, so
+/// the input must be exactly `[1]`; a variable dimension is refused, not deduced.
+#[test]
+fn raw_bytes_needs_dims_of_one() {
+    let sig = |dims: &str| {
+        let mut c = parse_pbtxt(
+            "s",
+            &format!(
+                r#"
+                platform: "onnxruntime_onnx"
+                max_batch_size: 8
+                input [ {{ name: "INPUT0" data_type: TYPE_STRING dims: {dims} }} ]
+                output [ {{ name: "OUTPUT0" data_type: TYPE_STRING dims: {dims} }} ]
+                "#
+            ),
+        )
+        .unwrap();
+        normalize(&mut c, "s", std::path::Path::new("/nonexistent"));
+        Signature::of(&c).unwrap()
+    };
+    let d = decode(Bytes::from_static(b"427"), Some(0), &sig("[ 1 ]")).unwrap();
+    assert_eq!(d.request.inputs[0].strings().unwrap(), vec![&b"427"[..]]);
+    for dims in ["[ -1 ]", "[ 2 ]", "[ 1, -1 ]"] {
+        let e = decode(Bytes::from_static(b"427"), Some(0), &sig(dims)).unwrap_err();
+        assert!(
+            e.message().starts_with(
+                "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"
+            ),
+            "{dims}: {e}"
+        );
+    }
+}
+
+/// Triton's QA (`HttpTest.test_buffer_size_overflow`): a count that fits an `int64_t` but whose
+/// bytes do not is refused in Triton's words, before `data` is read.
+#[test]
+fn byte_size_overflow_is_worded_as_triton_words_it() {
+    let body = r#"{"inputs":[{"name":"x","shape":[4,1152921504606846978],"datatype":"FP32","data":[1.0]}]}"#;
+    let e = err(body, None);
+    assert!(e.contains("byte size overflow for input 'x'"), "{e}");
+    let body = r#"{"inputs":[{"name":"x","shape":[16,1152921504606846978],"datatype":"FP32","data":[1.0]}]}"#;
+    let e = err(body, None);
+    assert!(
+        e.contains("causes total element count to exceed maximum size of"),
+        "{e}"
+    );
+}
+
 /// A shape is the client's claim: nothing may be sized from it before the data backs it up.
 /// Each of these once aborted the process (allocation failure or capacity overflow).
 #[test]
