@@ -179,7 +179,9 @@ impl Request {
 }
 
 impl Response {
-    /// A response with these outputs.
+    /// A response with these outputs. An output left out is unset: a client that named it is
+    /// told it was not produced, one that did not simply does not get it, and in an ensemble
+    /// the steps that need it do not run (see `wit/README.md`, "Conditional steps").
     pub fn new(outputs: Vec<Tensor>) -> Self {
         Response { outputs }
     }
@@ -208,6 +210,11 @@ impl Params {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         )
+    }
+
+    /// Every (key, value) pair, in config order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
     /// The value of `key`, if set.

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use wisp_server::settings::{ControlMode, OnnxEngine};
 use wisp_tests::{add_plugin_model, copy_dir, workspace_root, Client, Reply};
 
@@ -459,5 +459,92 @@ async fn content_type_demo_matches_the_magika_package() {
         assert_eq!(label, want, "{name}: wisp vs the magika package");
         assert_eq!(label, *known, "{name}");
     }
+    file_route_runs_only_the_branch_its_router_picks(&mut c, samples.path(), &files).await;
     server.shutdown().await.unwrap();
+}
+
+/// The `file_route` ensemble on the same files (and server): a text or code file gets an
+/// embedding and no direction, a PNG or JPEG a direction and no embedding, a file no route
+/// lists only its label (the router sets no output at all); the branch not taken is counted as
+/// skipped, and naming its output is a 400 that says which step skipped it.
+async fn file_route_runs_only_the_branch_its_router_picks(
+    c: &mut Client,
+    dir: &Path,
+    files: &[(String, &'static str)],
+) {
+    let skips = |stats: &Value| -> Vec<u64> {
+        stats["model_stats"][0]["skipped_steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["count"].as_u64().unwrap())
+            .collect()
+    };
+    let before = skips(&c.get("/v2/models/file_route/stats").await.unwrap().json());
+    let (mut texts, mut images, mut neither) = (0, 0, 0);
+    for (name, label) in files {
+        let bytes = std::fs::read(dir.join(name)).unwrap();
+        let r = wisp_tests::infer_one_bytes(c, "file_route", "CONTENT", &bytes)
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            200,
+            "{name}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let j = r.json();
+        let outputs: Vec<&str> = j["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["name"].as_str().unwrap())
+            .collect();
+        let want: &[&str] = match *label {
+            "png" | "jpeg" => {
+                images += 1;
+                &["LABEL", "DIRECTION"]
+            }
+            "empty" => {
+                neither += 1;
+                &["LABEL"]
+            }
+            _ => {
+                texts += 1;
+                &["LABEL", "EMBEDDING"]
+            }
+        };
+        assert_eq!(outputs, want, "{name} ({label})");
+    }
+    assert!(texts > 0 && images > 0 && neither > 0);
+    let after = skips(&c.get("/v2/models/file_route/stats").await.unwrap().json());
+    let skipped: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    // content_type and the router always run; each branch is skipped when the other is taken
+    assert_eq!(skipped, [0, 0, images + neither, texts + neither]);
+    // naming the output of the branch not taken says which step skipped it, and why
+    let text = wisp_tests::bytes_element(&std::fs::read(dir.join("main.py")).unwrap());
+    let header = serde_json::to_vec(&json!({
+        "inputs": [{"name": "CONTENT", "datatype": "BYTES", "shape": [1, 1],
+                    "parameters": {"binary_data_size": text.len()}}],
+        "outputs": [{"name": "DIRECTION"}],
+    }))
+    .unwrap();
+    let n = header.len();
+    let named = [header, text].concat();
+    let r = c
+        .send(
+            "POST",
+            "/v2/models/file_route/infer",
+            &[("inference-header-content-length", n.to_string())],
+            named,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.json()["error"],
+        "ensemble 'file_route': output 'DIRECTION' was not produced: step 3 ('text_direction') \
+         did not run: its input 'IMAGE' was not produced (step 1 ('route_by_type') did not \
+         produce its output 'IMAGE')"
+    );
 }

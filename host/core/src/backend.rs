@@ -30,6 +30,11 @@ pub trait LoadedModel: Send + Sync {
     fn output_labels(&self) -> Vec<(String, std::sync::Arc<Vec<String>>)> {
         Vec::new()
     }
+    /// For an ensemble, per step (in config order): the step's model and how many times the
+    /// step did not run because an input it requires was not produced. Empty for others.
+    fn step_skips(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// One model instance: executes batches on the thread that owns it.

@@ -11,6 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
@@ -199,6 +200,12 @@ fn check_types(sig: &Signature, steps: &[Step], caller: &dyn StepCaller) -> Resu
                     .iter()
                     .map(|i| (i.name.clone(), i.dims.clone()))
                     .collect(),
+                optional: c
+                    .inputs
+                    .iter()
+                    .filter(|i| i.optional)
+                    .map(|i| i.name.clone())
+                    .collect(),
             })
             .collect())
     } else {
@@ -234,14 +241,17 @@ impl Backend for EnsembleBackend {
                 // Triton shapes an ensemble output by its `reshape` when it has one
                 .map(|o| (o.name.clone(), o.reshape.clone().unwrap_or(o.dims.clone())))
                 .collect(),
+            optional: Default::default(),
         };
         let plan = plan.with_shapes(ensemble_shapes, step_shapes)?;
         let labels = producer_labels(plan.steps(), &outputs, &*self.caller);
+        let skips = Arc::new(plan.steps().iter().map(|_| AtomicU64::new(0)).collect());
         Ok(Box::new(EnsembleModel {
             name: config.name.as_str().into(),
             plan: Arc::new(plan),
             caller: self.caller.clone(),
             labels,
+            skips,
         }))
     }
 }
@@ -275,6 +285,8 @@ struct EnsembleModel {
     plan: Arc<Plan>,
     caller: Arc<dyn StepCaller>,
     labels: Vec<(String, Arc<Vec<String>>)>,
+    /// Per step: requests that skipped it.
+    skips: Arc<Vec<AtomicU64>>,
 }
 
 impl LoadedModel for EnsembleModel {
@@ -286,11 +298,21 @@ impl LoadedModel for EnsembleModel {
         self.labels.clone()
     }
 
+    fn step_skips(&self) -> Vec<(String, u64)> {
+        self.plan
+            .steps()
+            .iter()
+            .zip(self.skips.iter())
+            .map(|(s, n)| (s.model.clone(), n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
     fn new_instance(&self, _index: usize) -> Result<Box<dyn Instance>> {
         Ok(Box::new(EnsembleInstance {
             name: self.name.clone(),
             plan: self.plan.clone(),
             caller: self.caller.clone(),
+            skips: self.skips.clone(),
         }))
     }
 }
@@ -309,6 +331,7 @@ struct EnsembleInstance {
     name: Arc<str>,
     plan: Arc<Plan>,
     caller: Arc<dyn StepCaller>,
+    skips: Arc<Vec<AtomicU64>>,
 }
 
 type Completion = (usize, usize, Result<InferResponse>);
@@ -385,6 +408,13 @@ impl Instance for EnsembleInstance {
             }
             let progress = runs[i].complete(step, r);
             handle(i, progress, &mut results, &mut immediate, &mut open);
+        }
+        for run in &runs {
+            for &n in run.skipped() {
+                if let Some(c) = self.skips.get(n) {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         // The ensemble's compute is its steps' (as Triton reports it), averaged over the batch,
         // since the statistics charge a batch's compute to each of its requests.

@@ -171,6 +171,12 @@ impl ModelVersion {
         self.scheduler.stats()
     }
 
+    /// For an ensemble, per step: its model and how many requests skipped it (a required
+    /// input was not produced). Empty for other models.
+    pub fn step_skips(&self) -> Vec<(String, u64)> {
+        self.loaded.step_skips()
+    }
+
     /// Requests queued, not yet executing.
     pub fn pending(&self) -> usize {
         self.scheduler.pending()

@@ -69,8 +69,6 @@ pub(crate) struct Stream {
     pub sink: Option<Arc<dyn wisp_core::infer::ResponseSink>>,
     /// The request's batch size (what every output's first dimension must be).
     pub rows: i64,
-    /// The outputs the request asked for (empty: all).
-    pub requested: Vec<String>,
     /// Its final response was sent.
     pub finished: bool,
 }

@@ -494,7 +494,6 @@ impl Instance for WasmInstance {
             .map(|r| host::Stream {
                 sink: r.responses.clone(),
                 rows: r.batch_size(batched) as i64,
-                requested: r.requested_outputs.clone(),
                 finished: false,
             })
             .collect();
@@ -545,7 +544,6 @@ impl Instance for WasmInstance {
                     Ok(resp) => crate::responses::check_response(
                         &shared.signature,
                         stream.rows,
-                        &stream.requested,
                         resp,
                         decoupled,
                     )

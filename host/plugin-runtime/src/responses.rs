@@ -73,13 +73,7 @@ impl State {
                     .signature
                     .as_ref()
                     .ok_or_else(|| Error::internal("no signature to check responses against"))?;
-                Some(Ok(check_response(
-                    sig,
-                    stream.rows,
-                    &stream.requested,
-                    r,
-                    false,
-                )?))
+                Some(Ok(check_response(sig, stream.rows, r, false)?))
             }
         };
         sink.send(StreamedResponse { response, last }, self.deadline)?;
@@ -90,13 +84,13 @@ impl State {
     }
 }
 
-/// Checks one response against the config and its request (`rows`: the request's batch size;
-/// `requested`: the outputs it asked for, empty for all). `empty_ok`: a response without
-/// outputs passes (a decoupled model's execute result, closing its request).
+/// Checks one response against the config and its request (`rows`: the request's batch size).
+/// `empty_ok`: a response without outputs passes (a decoupled model's execute result, closing
+/// its request). An output the plugin leaves out, asked for or not, is absent, not an error
+/// here: an ensemble skips what needs it, and a client that named it is told by the front end.
 pub(crate) fn check_response(
     sig: &Signature,
     rows: i64,
-    requested: &[String],
     response: wit::Response,
     empty_ok: bool,
 ) -> wisp_core::Result<InferResponse> {
@@ -145,13 +139,6 @@ pub(crate) fn check_response(
             )));
         }
         outputs.push(t);
-    }
-    for want in requested {
-        if !outputs.iter().any(|o| &o.name == want) {
-            return Err(Error::internal(format!(
-                "did not return the requested output '{want}'"
-            )));
-        }
     }
     Ok(InferResponse::new(outputs))
 }

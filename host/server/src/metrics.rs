@@ -140,6 +140,15 @@ impl Metrics {
                     }
                     counter!("nv_inference_count", &l).absolute(s.inference_count());
                     counter!("nv_inference_exec_count", &l).absolute(s.execution_count());
+                    for (n, (step_model, count)) in m.step_skips().into_iter().enumerate() {
+                        let ls = [
+                            ("model", m.name.clone()),
+                            ("version", m.version.to_string()),
+                            ("step", n.to_string()),
+                            ("step_model", step_model),
+                        ];
+                        counter!("wisp_ensemble_step_skipped_total", &ls).absolute(count);
+                    }
                     gauge!("nv_inference_pending_request_count", &l).set(m.pending() as f64);
                     gauge!("nv_model_load_duration_secs", &l).set(m.load_secs);
                     if self.options.counter_latencies {
@@ -230,6 +239,10 @@ fn describe() {
     describe_counter!(
         "wisp_plugin_failure_total",
         "Plugin calls that trapped, ran past their deadline, ran out of memory or fuel, returned bad outputs, or failed init (label reason)"
+    );
+    describe_counter!(
+        "wisp_ensemble_step_skipped_total",
+        "Ensemble requests that skipped a step because an input it requires was not produced (labels step, step_model)"
     );
     describe_counter!(
         "nv_inference_request_success",

@@ -132,7 +132,7 @@ impl Service {
         }
         let response = response?;
         let wanted = if outputs.is_empty() {
-            all_outputs(&m.config)
+            produced_outputs(&m.config, &response)
         } else {
             outputs
         };
@@ -385,9 +385,10 @@ pub fn select_outputs(
 ) -> Result<Vec<Tensor>> {
     let mut out = Vec::with_capacity(wanted.len());
     for spec in wanted {
+        // Only a named output can be missing here: the others are picked from the response.
         let Some(t) = resp.outputs.iter().find(|t| t.name == spec.name) else {
-            return Err(Error::internal(format!(
-                "model '{}' did not produce output '{}'",
+            return Err(Error::invalid(format!(
+                "model '{}' did not produce output '{}', which the request asked for",
                 cfg.name, spec.name
             )));
         };
@@ -403,9 +404,13 @@ pub fn select_outputs(
 }
 
 /// Every output of the model, in config order, when the client named none.
-pub fn all_outputs(cfg: &ModelConfig) -> Vec<OutputSpec> {
+/// What a request that names no outputs gets: every output `response` holds, in config order.
+/// A model answers all its outputs, except a plugin that leaves one unset (and an ensemble
+/// whose branch did not run), which the client simply does not get.
+pub fn produced_outputs(cfg: &ModelConfig, response: &InferResponse) -> Vec<OutputSpec> {
     cfg.output
         .iter()
+        .filter(|o| response.outputs.iter().any(|t| t.name == o.name))
         .map(|o| OutputSpec {
             name: o.name.clone(),
             ..Default::default()
@@ -450,5 +455,39 @@ mod tests {
         );
         let c = classify(&t, 10, true, None).unwrap();
         assert_eq!(c.shape, vec![2, 3]);
+    }
+
+    /// A model that leaves an output unset (a plugin, an ensemble whose branch did not run):
+    /// a request naming no outputs gets the others; one naming it gets a 400 that says so.
+    #[test]
+    fn an_unset_output_is_left_out_unless_it_was_named() {
+        let cfg = wisp_core::config::parse_pbtxt(
+            "m",
+            r#"
+            name: "m"
+            backend: "wasm"
+            output [ { name: "A" data_type: TYPE_FP32 dims: [ 1 ] },
+                     { name: "B" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            "#,
+        )
+        .unwrap();
+        let b = Tensor::from_values("B", vec![1], &[2.0f32]).unwrap();
+        let response = InferResponse::new(vec![b]);
+        let wanted = produced_outputs(&cfg, &response);
+        let names: Vec<&str> = wanted.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["B"]);
+        let no_labels = |_: &str| None;
+        let got = select_outputs(response.clone(), &wanted, &cfg, &no_labels).unwrap();
+        assert_eq!(got[0].name, "B");
+        let named = [OutputSpec {
+            name: "A".into(),
+            ..Default::default()
+        }];
+        let e = select_outputs(response, &named, &cfg, &no_labels).unwrap_err();
+        assert_eq!(e.kind(), wisp_core::ErrorKind::InvalidArg);
+        assert_eq!(
+            e.message(),
+            "model 'm' did not produce output 'A', which the request asked for"
+        );
     }
 }

@@ -106,6 +106,9 @@ pub struct VersionStats {
     pub cache_miss: Duration,
     /// Per batch size.
     pub batches: Vec<BatchStats>,
+    /// For an ensemble, per step: its model and the requests that skipped it because an input
+    /// it requires was not produced (a Wisp addition; empty for other models).
+    pub skipped_steps: Vec<(String, u64)>,
 }
 
 fn tensor_metadata(t: &TensorSpec, batches: bool) -> TensorMetadata {
@@ -147,6 +150,7 @@ fn version_stats(m: &ModelVersion) -> VersionStats {
                 output_ns: b.output_ns,
             })
             .collect(),
+        skipped_steps: m.step_skips(),
     }
 }
 

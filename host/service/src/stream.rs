@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use wisp_core::infer::{ResponseSink, StreamedResponse};
 use wisp_core::{Error, InferResponse, Result};
 
-use super::infer::{all_outputs, select_outputs, Answer, Decoded, OutputSpec, Prepared};
+use super::infer::{produced_outputs, select_outputs, Answer, Decoded, OutputSpec, Prepared};
 use super::Service;
 use crate::models::ModelVersion;
 
@@ -46,6 +46,7 @@ pub struct Part {
 struct ChannelSink {
     tx: mpsc::Sender<Part>,
     model: Arc<ModelVersion>,
+    /// The outputs the client named; empty: every output each response holds.
     wanted: Vec<OutputSpec>,
     id: String,
     binary_default: bool,
@@ -67,11 +68,16 @@ impl std::fmt::Debug for ChannelSink {
 impl ChannelSink {
     fn answer(&self, response: InferResponse) -> Result<Answer> {
         let labels = |name: &str| self.model.labels.get(name).cloned();
-        let tensors = select_outputs(response, &self.wanted, &self.model.config, &labels)?;
+        let wanted = if self.wanted.is_empty() {
+            produced_outputs(&self.model.config, &response)
+        } else {
+            self.wanted.clone()
+        };
+        let tensors = select_outputs(response, &wanted, &self.model.config, &labels)?;
         Ok(Answer {
             model: Arc::clone(&self.model),
             id: self.id.clone(),
-            outputs: self.wanted.iter().cloned().zip(tensors).collect(),
+            outputs: wanted.into_iter().zip(tensors).collect(),
             binary_default: self.binary_default,
         })
     }
@@ -181,15 +187,10 @@ impl Service {
                 .await;
             return;
         }
-        let wanted = if outputs.is_empty() {
-            all_outputs(&m.config)
-        } else {
-            outputs
-        };
         let sink = Arc::new(ChannelSink {
             tx: tx.clone(),
             model: Arc::clone(&m),
-            wanted,
+            wanted: outputs,
             id: request.id.clone(),
             binary_default,
             finished: AtomicBool::new(false),

@@ -8,13 +8,21 @@
 //! steps. Independent steps are therefore in flight at the same time; tensors move between
 //! steps by reference (their data is shared `Bytes`, never copied).
 //!
+//! Steps decide by dataflow. A step may leave an output unset (a plugin returns without it);
+//! that tensor is then absent. A step with a required input absent does not run, and its
+//! outputs are absent in turn, so everything that needs only them is skipped too; an input its
+//! model declares `optional: true` is passed as absent instead (left out of the step's request).
+//! The run answers the outputs that were produced: one the client named that was not is an
+//! error naming the step that skipped it, and one it did not name is left out. No config field
+//! is added, so such a repository still parses in Triton. Skipped steps are counted.
+//!
 //! Batching and non-batching models meet as in Triton: every tensor remembers the batch size
 //! of the request that made it (0 when that model or ensemble does not batch), and a tensor
 //! crossing to the other kind gains or loses a leading batch dimension of 1 when its dims say
 //! it needs one ([`reshape`]). So a non-batching ensemble's `[16]` reaches a batching step
 //! declaring `[-1]` as `[1, 16]`, and its `[1, 16]` answer leaves the ensemble as `[16]`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use wisp_core::{Error, InferRequest, InferResponse, Result, Tensor};
@@ -25,6 +33,8 @@ pub use wisp_core::config::ensemble::EnsembleStep as Step;
 #[derive(Debug)]
 pub struct Plan {
     name: String,
+    /// The ensemble's inputs: those a request leaves out (optional ones) are absent.
+    inputs: Vec<String>,
     steps: Vec<Step>,
     outputs: Vec<String>,
     /// Steps reading each ensemble tensor.
@@ -43,6 +53,9 @@ pub struct Shapes {
     pub batching: bool,
     /// Dims per tensor name (a step model's inputs, or the ensemble's outputs).
     pub dims: HashMap<String, Vec<i64>>,
+    /// A step model's inputs declared `optional: true`: absent, they are left out of its
+    /// request rather than skipping the step.
+    pub optional: HashSet<String>,
 }
 
 #[derive(Debug)]
@@ -95,6 +108,7 @@ impl Plan {
             .collect();
         Ok(Plan {
             name: name.to_string(),
+            inputs: inputs.to_vec(),
             steps,
             outputs: outputs.to_vec(),
             consumers,
@@ -141,6 +155,13 @@ impl Plan {
     pub fn steps(&self) -> &[Step] {
         &self.steps
     }
+
+    /// Whether step `n`'s model declares its input `input` optional.
+    fn optional(&self, n: usize, input: &str) -> bool {
+        self.shapes
+            .as_ref()
+            .is_some_and(|s| s.steps[n].optional.contains(input))
+    }
 }
 
 /// A step ready to run: send `request` to `plan.steps()[step]`'s model.
@@ -169,8 +190,15 @@ pub struct Run {
     batch: HashMap<String, usize>,
     /// The batch size of each step's request once it was sent (0: its model does not batch).
     step_batch: Vec<usize>,
-    /// Inputs still missing per step.
+    /// Inputs not yet produced or known absent, per step.
     missing: Vec<usize>,
+    /// Why each absent tensor is absent (the step that left it unset or did not run).
+    absent: HashMap<String, String>,
+    /// Per step, why it cannot run: a required input that is absent.
+    blocked: Vec<Option<String>>,
+    /// Steps that did not run because a required input was absent, in the order they were
+    /// skipped.
+    skipped: Vec<usize>,
     outstanding: usize,
     done: bool,
     template: InferRequest,
@@ -178,6 +206,8 @@ pub struct Run {
     needed: Vec<bool>,
     /// The ensemble outputs to answer with, in plan order.
     answer: Vec<String>,
+    /// Whether the client named the outputs it wants (then each must be produced).
+    named: bool,
 }
 
 impl Run {
@@ -209,22 +239,39 @@ impl Run {
             .cloned()
             .collect();
         let step_batch = vec![0; plan.steps.len()];
+        let blocked = vec![None; plan.steps.len()];
         let mut run = Run {
             plan,
             tensors,
             batch,
             step_batch,
             missing,
+            absent: HashMap::new(),
+            blocked,
+            skipped: Vec::new(),
             outstanding: 0,
             done: false,
             template,
             needed,
             answer,
+            named: !wanted.is_empty(),
         };
-        let names: Vec<String> = run.tensors.keys().cloned().collect();
-        let calls = run.release(&names);
+        let mut resolved: Vec<(String, Option<String>)> =
+            run.tensors.keys().map(|n| (n.clone(), None)).collect();
+        // An ensemble input the request left out (validation lets only optional ones be).
+        for i in &run.plan.inputs {
+            if !run.tensors.contains_key(i) {
+                resolved.push((i.clone(), Some(format!("the request has no input '{i}'"))));
+            }
+        }
+        let calls = run.release(resolved);
         let progress = run.progress(calls);
         (run, progress)
+    }
+
+    /// The steps that did not run because a required input was absent.
+    pub fn skipped(&self) -> &[usize] {
+        &self.skipped
     }
 
     /// Reports step `step`'s outcome; returns what to do next.
@@ -245,39 +292,67 @@ impl Run {
                 ))));
             }
         };
-        let mut produced = Vec::new();
+        let mut resolved = Vec::with_capacity(s.outputs.len());
         for (out, tensor) in &s.outputs {
+            // An output the step left unset is absent: what needs it is skipped.
             let Some(t) = response.outputs.iter().find(|t| &t.name == out) else {
-                self.done = true;
-                return Progress::Done(Err(Error::internal(format!(
-                    "ensemble '{}' {}: the model returned no output '{out}'",
-                    self.plan.name,
-                    s.label(step)
-                ))));
+                let why = format!("{} did not produce its output '{out}'", s.label(step));
+                resolved.push((tensor.clone(), Some(why)));
+                continue;
             };
             let mut t = t.clone();
             t.name = tensor.clone();
             self.batch.insert(tensor.clone(), self.step_batch[step]);
             self.tensors.insert(tensor.clone(), t);
-            produced.push(tensor.clone());
+            resolved.push((tensor.clone(), None));
         }
-        let calls = self.release(&produced);
+        let calls = self.release(resolved);
         self.progress(calls)
     }
 
-    /// Counts `names` as available and returns the steps that became ready.
-    fn release(&mut self, names: &[String]) -> Vec<StepCall> {
+    /// Settles each tensor as produced (`None`) or absent (`Some(why)`) and returns the steps
+    /// that became ready. A step whose last input settles with a required one absent is
+    /// skipped, which settles its outputs as absent in turn (the plan is acyclic, so this
+    /// ends).
+    fn release(&mut self, mut work: Vec<(String, Option<String>)>) -> Vec<StepCall> {
         let mut calls = Vec::new();
         let plan = self.plan.clone();
-        for name in names {
+        while let Some((name, why)) = work.pop() {
+            if let Some(why) = &why {
+                self.absent.insert(name.clone(), why.clone());
+            }
             // one entry per input reading `name`: a step reading it twice is listed twice
-            for &n in plan.consumers.get(name).into_iter().flatten() {
-                let Some(left) = self.missing[n].checked_sub(1) else {
+            let mut seen: Vec<usize> = Vec::new();
+            for &n in plan.consumers.get(&name).into_iter().flatten() {
+                if seen.contains(&n) {
                     continue;
-                };
-                self.missing[n] = left;
-                if left == 0 && self.needed[n] {
-                    calls.push(self.call(n));
+                }
+                seen.push(n);
+                for (input, _) in plan.steps[n].inputs.iter().filter(|(_, t)| *t == name) {
+                    let Some(left) = self.missing[n].checked_sub(1) else {
+                        continue;
+                    };
+                    self.missing[n] = left;
+                    if let (Some(why), None) = (&why, &self.blocked[n]) {
+                        if !plan.optional(n, input) {
+                            self.blocked[n] = Some(format!(
+                                "{} did not run: its input '{input}' was not produced ({why})",
+                                plan.steps[n].label(n)
+                            ));
+                        }
+                    }
+                }
+                if self.missing[n] > 0 || !self.needed[n] {
+                    continue;
+                }
+                match self.blocked[n].clone() {
+                    None => calls.push(self.call(n)),
+                    Some(why) => {
+                        self.skipped.push(n);
+                        for (_, tensor) in &plan.steps[n].outputs {
+                            work.push((tensor.clone(), Some(why.clone())));
+                        }
+                    }
                 }
             }
         }
@@ -292,9 +367,11 @@ impl Run {
         let s = &self.plan.steps[n];
         let shapes = self.plan.shapes.as_ref().map(|p| &p.steps[n]);
         let mut request = self.template.clone();
+        // an absent input here is an optional one (a required one would have skipped the step)
         request.inputs = s
             .inputs
             .iter()
+            .filter(|(_, tensor)| self.tensors.contains_key(tensor))
             .map(|(input, tensor)| {
                 let mut t = self.tensors[tensor].clone();
                 t.name = input.clone();
@@ -336,12 +413,22 @@ impl Run {
                     }
                     outputs.push(t)
                 }
-                None => {
-                    return Progress::Done(Err(Error::internal(format!(
-                        "ensemble '{}': output '{o}' was never produced (a step it depends on did not run)",
-                        self.plan.name
-                    ))))
-                }
+                // Not produced: an error when the client named it, else simply left out.
+                None => match self.absent.get(o) {
+                    Some(_) if !self.named => {}
+                    Some(why) => {
+                        return Progress::Done(Err(Error::invalid(format!(
+                            "ensemble '{}': output '{o}' was not produced: {why}",
+                            self.plan.name
+                        ))))
+                    }
+                    None => {
+                        return Progress::Done(Err(Error::internal(format!(
+                            "ensemble '{}': output '{o}' was never produced (a step it depends on did not run)",
+                            self.plan.name
+                        ))))
+                    }
+                },
             }
         }
         Progress::Done(Ok(InferResponse::new(outputs)))

@@ -298,6 +298,7 @@ fn a_non_batching_ensemble_passes_through_batching_and_non_batching_steps() {
             .iter()
             .map(|(n, d)| (n.to_string(), d.to_vec()))
             .collect(),
+        optional: Default::default(),
     };
     let plan = Plan::new(
         "seq",
@@ -353,4 +354,199 @@ fn a_non_batching_ensemble_passes_through_batching_and_non_batching_steps() {
         vec![16],
         "the nop's batch of 1 leaves the ensemble"
     );
+}
+
+/// Drives `plan` where each step answers every mapped output with `step + 1`, except the
+/// outputs in `unset` (step, output name), which it leaves out. Returns the outcome, the steps
+/// that ran (in order) and the steps skipped.
+fn drive_unset(
+    plan: Plan,
+    request: InferRequest,
+    unset: &[(usize, &str)],
+) -> (Result<InferResponse>, Vec<usize>, Vec<usize>) {
+    let plan = Arc::new(plan);
+    let (mut run, mut progress) = Run::start(plan.clone(), request);
+    let mut queue: Vec<StepCall> = Vec::new();
+    let mut ran = Vec::new();
+    loop {
+        match progress {
+            Progress::Done(r) => return (r, ran, run.skipped().to_vec()),
+            Progress::Continue(calls) => queue.extend(calls),
+        }
+        let call = queue.remove(0);
+        ran.push(call.step);
+        let s = &plan.steps()[call.step];
+        let outputs = s
+            .outputs
+            .iter()
+            .filter(|(o, _)| !unset.contains(&(call.step, o.as_str())))
+            .map(|(o, _)| tensor(o, call.step as f32 + 1.0))
+            .collect();
+        progress = run.complete(call.step, Ok(InferResponse::new(outputs)));
+    }
+}
+
+fn request(wanted: &[&str]) -> InferRequest {
+    InferRequest {
+        inputs: vec![tensor("IN", 0.0)],
+        requested_outputs: names(wanted),
+        ..Default::default()
+    }
+}
+
+/// IN -> route -> {TEXT, IMAGE}; TEXT -> embed -> pool -> EMBEDDING; IMAGE -> classify -> CLASS
+fn routing() -> Plan {
+    Plan::new(
+        "route",
+        &names(&["IN"]),
+        &names(&["EMBEDDING", "CLASS", "KIND"]),
+        vec![
+            step(
+                "router",
+                &[("x", "IN")],
+                &[("text", "TEXT"), ("image", "IMAGE"), ("kind", "KIND")],
+            ),
+            step("embed", &[("x", "TEXT")], &[("y", "tokens")]),
+            step("pool", &[("x", "tokens")], &[("y", "EMBEDDING")]),
+            step("classify", &[("x", "IMAGE")], &[("y", "CLASS")]),
+        ],
+    )
+    .unwrap()
+}
+
+#[test]
+fn an_unset_output_skips_the_branch_that_needs_it() {
+    let (r, ran, skipped) = drive_unset(routing(), request(&[]), &[(0, "image")]);
+    let r = r.unwrap();
+    let got: Vec<&str> = r.outputs.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(got, ["EMBEDDING", "KIND"], "CLASS is simply absent");
+    assert_eq!(ran, [0, 1, 2], "the image branch never ran");
+    assert_eq!(skipped, [3]);
+    // the other way round: the whole two-step text branch is skipped
+    let (r, ran, mut skipped) = drive_unset(routing(), request(&[]), &[(0, "text")]);
+    let got: Vec<String> = r.unwrap().outputs.into_iter().map(|t| t.name).collect();
+    assert_eq!(got, ["CLASS", "KIND"]);
+    assert_eq!(ran, [0, 3]);
+    skipped.sort();
+    assert_eq!(skipped, [1, 2], "a skip passes down the chain");
+}
+
+#[test]
+fn a_named_output_that_was_not_produced_is_an_error_naming_the_step() {
+    let (r, ran, _) = drive_unset(routing(), request(&["CLASS"]), &[(0, "image")]);
+    let e = r.unwrap_err();
+    assert_eq!(e.kind(), wisp_core::ErrorKind::InvalidArg);
+    assert_eq!(
+        e.message(),
+        "ensemble 'route': output 'CLASS' was not produced: step 3 ('classify') did not run: \
+         its input 'x' was not produced (step 0 ('router') did not produce its output 'image')"
+    );
+    assert_eq!(ran, [0], "only what CLASS needs was started");
+    let (r, _, _) = drive_unset(routing(), request(&["EMBEDDING"]), &[(0, "text")]);
+    let e = r.unwrap_err().message().to_string();
+    assert!(
+        e.contains("output 'EMBEDDING' was not produced: step 2 ('pool') did not run")
+            && e.contains("step 1 ('embed') did not run"),
+        "the reason follows the chain back to the router: {e}"
+    );
+}
+
+#[test]
+fn a_step_that_sets_no_output_at_all_answers_nothing_rather_than_hanging() {
+    let unset = [(0, "text"), (0, "image"), (0, "kind")];
+    let (r, ran, mut skipped) = drive_unset(routing(), request(&[]), &unset);
+    assert!(r.unwrap().outputs.is_empty());
+    assert_eq!(ran, [0]);
+    skipped.sort();
+    assert_eq!(skipped, [1, 2, 3]);
+}
+
+#[test]
+fn a_join_runs_only_when_every_required_input_was_produced() {
+    // a diamond whose right arm is cut: the join is skipped, the left arm still answers
+    let plan = || {
+        Plan::new(
+            "diamond",
+            &names(&["IN"]),
+            &names(&["OUT", "LEFT"]),
+            vec![
+                step("split", &[("x", "IN")], &[("l", "l"), ("r", "r")]),
+                step("left", &[("x", "l")], &[("y", "LEFT")]),
+                step("right", &[("x", "r")], &[("y", "rr")]),
+                step("join", &[("a", "LEFT"), ("b", "rr")], &[("y", "OUT")]),
+            ],
+        )
+        .unwrap()
+    };
+    let (r, ran, skipped) = drive_unset(plan(), request(&[]), &[(0, "r")]);
+    let got: Vec<String> = r.unwrap().outputs.into_iter().map(|t| t.name).collect();
+    assert_eq!(got, ["LEFT"]);
+    assert_eq!((ran, skipped), (vec![0, 1], vec![2, 3]));
+}
+
+#[test]
+fn an_optional_input_is_passed_as_absent() {
+    // the join declares 'b' optional, and one step's only input is optional too
+    let plan = Plan::new(
+        "opt",
+        &names(&["IN"]),
+        &names(&["OUT", "ALONE"]),
+        vec![
+            step("split", &[("x", "IN")], &[("l", "l"), ("r", "r")]),
+            step("join", &[("a", "l"), ("b", "r")], &[("y", "OUT")]),
+            step("alone", &[("b", "r")], &[("y", "ALONE")]),
+        ],
+    )
+    .unwrap();
+    let optional = |names: &[&str]| Shapes {
+        optional: names.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    };
+    let plan = plan
+        .with_shapes(
+            Shapes::default(),
+            vec![optional(&[]), optional(&["b"]), optional(&["b"])],
+        )
+        .unwrap();
+    let plan = Arc::new(plan);
+    let (mut run, progress) = Run::start(plan.clone(), request(&[]));
+    let Progress::Continue(calls) = progress else {
+        panic!("split runs")
+    };
+    assert_eq!(calls.len(), 1);
+    let Progress::Continue(mut calls) =
+        run.complete(0, Ok(InferResponse::new(vec![tensor("l", 1.0)])))
+    else {
+        panic!("both steps run without 'r'")
+    };
+    calls.sort_by_key(|c| c.step);
+    let inputs =
+        |c: &StepCall| -> Vec<String> { c.request.inputs.iter().map(|t| t.name.clone()).collect() };
+    assert_eq!(
+        inputs(&calls[0]),
+        ["a"],
+        "the absent optional input is left out"
+    );
+    assert!(
+        inputs(&calls[1]).is_empty(),
+        "a step whose only input is absent still runs"
+    );
+    assert!(run.skipped().is_empty());
+}
+
+#[test]
+fn an_ensemble_input_the_request_leaves_out_is_absent() {
+    let plan = Plan::new(
+        "e",
+        &names(&["IN", "HINT"]),
+        &names(&["OUT", "HINTED"]),
+        vec![
+            step("a", &[("x", "IN")], &[("y", "OUT")]),
+            step("b", &[("x", "HINT")], &[("y", "HINTED")]),
+        ],
+    )
+    .unwrap();
+    let (r, ran, skipped) = drive_unset(plan, request(&[]), &[]);
+    let got: Vec<String> = r.unwrap().outputs.into_iter().map(|t| t.name).collect();
+    assert_eq!((got, ran, skipped), (names(&["OUT"]), vec![0], vec![1]));
 }

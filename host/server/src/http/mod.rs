@@ -311,7 +311,7 @@ fn version_stats_json(s: &VersionStats) -> Value {
             })
         })
         .collect();
-    json!({
+    let mut out = json!({
         "name": s.name,
         "version": s.version.to_string(),
         "last_inference": s.last_inference,
@@ -330,7 +330,17 @@ fn version_stats_json(s: &VersionStats) -> Value {
         "response_stats": {},
         "batch_stats": batch,
         "memory_usage": [],
-    })
+    });
+    // Wisp's addition for an ensemble: how often each step was skipped by dataflow
+    if !s.skipped_steps.is_empty() {
+        out["skipped_steps"] = s
+            .skipped_steps
+            .iter()
+            .enumerate()
+            .map(|(n, (model, count))| json!({ "step": n, "model": model, "count": count }))
+            .collect();
+    }
+    out
 }
 
 /// The statistics extension: every ready version of `model` (or of every model), or one.
