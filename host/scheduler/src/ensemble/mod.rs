@@ -182,6 +182,17 @@ pub enum Progress {
     Done(Result<InferResponse>),
 }
 
+/// Why a tensor of a run is absent.
+#[derive(Debug, Clone, Copy)]
+enum Absent {
+    /// An ensemble input the request did not send (an optional one).
+    NotSent,
+    /// Step `step` answered without its `output`-th mapped output.
+    Unset { step: usize, output: usize },
+    /// Step `step` did not run: its `input`-th input (a required one) was absent.
+    Skipped { step: usize, input: usize },
+}
+
 /// One request going through a [`Plan`].
 pub struct Run {
     plan: Arc<Plan>,
@@ -192,10 +203,10 @@ pub struct Run {
     step_batch: Vec<usize>,
     /// Inputs not yet produced or known absent, per step.
     missing: Vec<usize>,
-    /// Why each absent tensor is absent (the step that left it unset or did not run).
-    absent: HashMap<String, String>,
-    /// Per step, why it cannot run: a required input that is absent.
-    blocked: Vec<Option<String>>,
+    /// Why each absent tensor is absent (worded only if a client is told).
+    absent: HashMap<String, Absent>,
+    /// Per step, why it cannot run: the index of a required input that is absent.
+    blocked: Vec<Option<usize>>,
     /// Steps that did not run because a required input was absent, in the order they were
     /// skipped.
     skipped: Vec<usize>,
@@ -256,12 +267,12 @@ impl Run {
             answer,
             named: !wanted.is_empty(),
         };
-        let mut resolved: Vec<(String, Option<String>)> =
+        let mut resolved: Vec<(String, Option<Absent>)> =
             run.tensors.keys().map(|n| (n.clone(), None)).collect();
         // An ensemble input the request left out (validation lets only optional ones be).
         for i in &run.plan.inputs {
             if !run.tensors.contains_key(i) {
-                resolved.push((i.clone(), Some(format!("the request has no input '{i}'"))));
+                resolved.push((i.clone(), Some(Absent::NotSent)));
             }
         }
         let calls = run.release(resolved);
@@ -293,11 +304,10 @@ impl Run {
             }
         };
         let mut resolved = Vec::with_capacity(s.outputs.len());
-        for (out, tensor) in &s.outputs {
+        for (k, (out, tensor)) in s.outputs.iter().enumerate() {
             // An output the step left unset is absent: what needs it is skipped.
             let Some(t) = response.outputs.iter().find(|t| &t.name == out) else {
-                let why = format!("{} did not produce its output '{out}'", s.label(step));
-                resolved.push((tensor.clone(), Some(why)));
+                resolved.push((tensor.clone(), Some(Absent::Unset { step, output: k })));
                 continue;
             };
             let mut t = t.clone();
@@ -314,49 +324,69 @@ impl Run {
     /// that became ready. A step whose last input settles with a required one absent is
     /// skipped, which settles its outputs as absent in turn (the plan is acyclic, so this
     /// ends).
-    fn release(&mut self, mut work: Vec<(String, Option<String>)>) -> Vec<StepCall> {
+    fn release(&mut self, mut work: Vec<(String, Option<Absent>)>) -> Vec<StepCall> {
         let mut calls = Vec::new();
         let plan = self.plan.clone();
         while let Some((name, why)) = work.pop() {
-            if let Some(why) = &why {
-                self.absent.insert(name.clone(), why.clone());
+            let absent = why.is_some();
+            if let Some(why) = why {
+                self.absent.insert(name.clone(), why);
             }
             // one entry per input reading `name`: a step reading it twice is listed twice
-            let mut seen: Vec<usize> = Vec::new();
-            for &n in plan.consumers.get(&name).into_iter().flatten() {
-                if seen.contains(&n) {
+            let consumers = plan.consumers.get(&name).map_or(&[][..], Vec::as_slice);
+            for (k, &n) in consumers.iter().enumerate() {
+                if consumers[..k].contains(&n) {
                     continue;
                 }
-                seen.push(n);
-                for (input, _) in plan.steps[n].inputs.iter().filter(|(_, t)| *t == name) {
+                for (i, (input, _)) in plan.steps[n].inputs.iter().enumerate() {
+                    if plan.steps[n].inputs[i].1 != name {
+                        continue;
+                    }
                     let Some(left) = self.missing[n].checked_sub(1) else {
                         continue;
                     };
                     self.missing[n] = left;
-                    if let (Some(why), None) = (&why, &self.blocked[n]) {
-                        if !plan.optional(n, input) {
-                            self.blocked[n] = Some(format!(
-                                "{} did not run: its input '{input}' was not produced ({why})",
-                                plan.steps[n].label(n)
-                            ));
-                        }
+                    if absent && self.blocked[n].is_none() && !plan.optional(n, input) {
+                        self.blocked[n] = Some(i);
                     }
                 }
                 if self.missing[n] > 0 || !self.needed[n] {
                     continue;
                 }
-                match self.blocked[n].clone() {
+                match self.blocked[n] {
                     None => calls.push(self.call(n)),
-                    Some(why) => {
+                    Some(input) => {
                         self.skipped.push(n);
                         for (_, tensor) in &plan.steps[n].outputs {
-                            work.push((tensor.clone(), Some(why.clone())));
+                            work.push((tensor.clone(), Some(Absent::Skipped { step: n, input })));
                         }
                     }
                 }
             }
         }
         calls
+    }
+
+    /// Why tensor `name` is absent, in words, following skips back to where they began.
+    fn explain(&self, name: &str) -> String {
+        let steps = &self.plan.steps;
+        match self.absent.get(name) {
+            None => format!("'{name}' was not produced"),
+            Some(Absent::NotSent) => format!("the request has no input '{name}'"),
+            Some(&Absent::Unset { step, output }) => format!(
+                "{} did not produce its output '{}'",
+                steps[step].label(step),
+                steps[step].outputs[output].0
+            ),
+            Some(&Absent::Skipped { step, input }) => {
+                let (input, tensor) = &steps[step].inputs[input];
+                format!(
+                    "{} did not run: its input '{input}' was not produced ({})",
+                    steps[step].label(step),
+                    self.explain(tensor)
+                )
+            }
+        }
     }
 
     fn batch_of(&self, tensor: &str) -> usize {
@@ -416,10 +446,11 @@ impl Run {
                 // Not produced: an error when the client named it, else simply left out.
                 None => match self.absent.get(o) {
                     Some(_) if !self.named => {}
-                    Some(why) => {
+                    Some(_) => {
                         return Progress::Done(Err(Error::invalid(format!(
-                            "ensemble '{}': output '{o}' was not produced: {why}",
-                            self.plan.name
+                            "ensemble '{}': output '{o}' was not produced: {}",
+                            self.plan.name,
+                            self.explain(o)
                         ))))
                     }
                     None => {
