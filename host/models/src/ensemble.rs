@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
 use wisp_core::config::{ModelIo, ModelSpec, Signature};
@@ -246,12 +246,23 @@ impl Backend for EnsembleBackend {
         let plan = plan.with_shapes(ensemble_shapes, step_shapes)?;
         let labels = producer_labels(plan.steps(), &outputs, &*self.caller);
         let skips = Arc::new(plan.steps().iter().map(|_| AtomicU64::new(0)).collect());
+        // Read and bounded when the config was validated.
+        let limit =
+            wisp_core::config::ensemble::max_inflight_requests(config).map_err(Error::invalid)?;
+        if let Some(n) = limit {
+            tracing::info!(
+                "Ensemble model '{}' configured with max_inflight_requests: {n}",
+                config.name
+            );
+        }
+        let inflight = limit.map(|n| Arc::new(plan.steps().iter().map(|_| Gate::new(n)).collect()));
         Ok(Box::new(EnsembleModel {
             name: config.name.as_str().into(),
             plan: Arc::new(plan),
             caller: self.caller.clone(),
             labels,
             skips,
+            inflight,
         }))
     }
 }
@@ -287,6 +298,56 @@ struct EnsembleModel {
     labels: Vec<(String, Arc<Vec<String>>)>,
     /// Per step: requests that skipped it.
     skips: Arc<Vec<AtomicU64>>,
+    /// Per step, with `max_inflight_requests`: the gate its requests pass.
+    inflight: Option<Arc<Vec<Gate>>>,
+}
+
+/// Triton's `max_inflight_requests` for one step: at most `limit` of the ensemble's requests
+/// in flight there at once, whichever of its requests they belong to. The ensemble instance
+/// that would send one more waits (its instances only wait anyway); a slot frees when the step
+/// answers, on the answering thread, so a waiting instance never waits on itself.
+struct Gate {
+    limit: usize,
+    taken: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Gate {
+    fn new(limit: usize) -> Self {
+        Gate {
+            limit,
+            taken: Mutex::new(0),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Waits for a slot at step `step` of `gates`; it is given back when the pass drops.
+    fn enter(gates: &Arc<Vec<Gate>>, step: usize) -> Pass {
+        let gate = &gates[step];
+        let mut taken = gate.taken.lock().expect("gate");
+        while *taken >= gate.limit {
+            taken = gate.freed.wait(taken).expect("gate");
+        }
+        *taken += 1;
+        Pass {
+            gates: gates.clone(),
+            step,
+        }
+    }
+}
+
+/// One step request's slot, given back when dropped (answered, refused or dropped unanswered).
+struct Pass {
+    gates: Arc<Vec<Gate>>,
+    step: usize,
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        let gate = &self.gates[self.step];
+        *gate.taken.lock().expect("gate") -= 1;
+        gate.freed.notify_one();
+    }
 }
 
 impl LoadedModel for EnsembleModel {
@@ -313,6 +374,7 @@ impl LoadedModel for EnsembleModel {
             plan: self.plan.clone(),
             caller: self.caller.clone(),
             skips: self.skips.clone(),
+            inflight: self.inflight.clone(),
         }))
     }
 }
@@ -332,6 +394,7 @@ struct EnsembleInstance {
     plan: Arc<Plan>,
     caller: Arc<dyn StepCaller>,
     skips: Arc<Vec<AtomicU64>>,
+    inflight: Option<Arc<Vec<Gate>>>,
 }
 
 type Completion = (usize, usize, Result<InferResponse>);
@@ -375,11 +438,14 @@ impl Instance for EnsembleInstance {
                         immediate.push_back((i, n, Err(Error::invalid(cycle))));
                         continue;
                     }
+                    // back-pressure: wait for a slot at this step (given back on answer)
+                    let pass = self.inflight.as_ref().map(|g| Gate::enter(g, n));
                     if let Err(e) = self.caller.submit(
                         &step.model,
                         version.as_deref(),
                         call.request,
                         Box::new(move |r| {
+                            drop(pass);
                             let _ = tx.send((i, n, r));
                         }),
                     ) {

@@ -109,6 +109,9 @@ fn check_kind(
         for p in problems {
             err(ensemble::FIELD.into(), p);
         }
+        if let Err(p) = ensemble::max_inflight_requests(cfg) {
+            err(ensemble::FIELD.into(), p);
+        }
     }
     let sequence = match sequence::read(cfg) {
         Ok(seq) => seq,

@@ -102,6 +102,30 @@ pub fn steps(cfg: &ModelConfig) -> Result<Vec<EnsembleStep>, Vec<String>> {
     }
 }
 
+/// The most step requests `max_inflight_requests` may allow at once at each step.
+pub const MAX_INFLIGHT_REQUESTS: u64 = 1 << 20;
+
+/// Triton's `ensemble_scheduling { max_inflight_requests: N }`: how many requests may be in
+/// flight at each step at once, shared by all of the ensemble's requests (`None`: no limit,
+/// Triton's 0). The text parser has already refused a negative, non-integer or 32-bit
+/// overflowing value; this bounds it further.
+pub fn max_inflight_requests(cfg: &ModelConfig) -> Result<Option<usize>, String> {
+    let Some(v) = cfg
+        .other
+        .get(FIELD)
+        .and_then(|s| s.get("max_inflight_requests"))
+    else {
+        return Ok(None);
+    };
+    match v.as_u64().or_else(|| v.as_str()?.parse().ok()) {
+        Some(0) => Ok(None),
+        Some(n) if n <= MAX_INFLIGHT_REQUESTS => Ok(Some(n as usize)),
+        _ => Err(format!(
+            "max_inflight_requests must be an integer in 0..={MAX_INFLIGHT_REQUESTS}, got {v}"
+        )),
+    }
+}
+
 /// Checks the DAG the steps form between the ensemble's `inputs` and `outputs`: every step
 /// names a model and maps inputs and outputs, each tensor has one producer, every tensor read
 /// is produced, every output is produced, and there is no cycle. Returns every problem, each

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use wisp_core::backend::{Backend, ExecTiming};
@@ -21,6 +22,11 @@ struct FakeSteps {
     calls: Mutex<Vec<(String, Vec<String>)>>,
     /// Refuse every request at submit, as the registry does for a model unloaded since.
     refuse: bool,
+    /// `inc` answers after this long (a consumer slower than its producer).
+    slow_inc: Option<std::time::Duration>,
+    /// `inc` requests submitted and not yet answered, and the most there ever were.
+    inc_inflight: Arc<AtomicUsize>,
+    inc_peak: Arc<AtomicUsize>,
 }
 
 fn spec(name: &str, text: &str) -> ModelSpec {
@@ -82,7 +88,20 @@ impl StepCaller for FakeSteps {
             _ => Ok(values.iter().map(|v| v + 1.0).collect()),
         };
         let shape = x.shape.clone();
+        let slow = (model == "inc").then_some(self.slow_inc).flatten();
+        let (inflight, peak) = (self.inc_inflight.clone(), self.inc_peak.clone());
+        if model == "inc" {
+            let now = inflight.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+        }
+        let is_inc = model == "inc";
         std::thread::spawn(move || {
+            if let Some(d) = slow {
+                std::thread::sleep(d);
+            }
+            if is_inc {
+                inflight.fetch_sub(1, Ordering::SeqCst);
+            }
             respond(y.and_then(|y| {
                 Ok(InferResponse::new(vec![Tensor::from_values(
                     "Y", shape, &y,
@@ -94,13 +113,18 @@ impl StepCaller for FakeSteps {
 }
 
 fn pipeline(first: &str) -> ModelSpec {
+    limited_pipeline(first, "")
+}
+
+/// `pipeline` with `extra` inside `ensemble_scheduling` (`max_inflight_requests: N`).
+fn limited_pipeline(first: &str, extra: &str) -> ModelSpec {
     spec(
         "pipe",
         &format!(
             r#"platform: "ensemble" max_batch_size: 8
 input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-ensemble_scheduling {{ step [
+ensemble_scheduling {{ {extra} step [
   {{ model_name: "{first}" model_version: -1
      input_map {{ key: "X" value: "IN" }} output_map {{ key: "Y" value: "mid" }} }},
   {{ model_name: "inc" model_version: -1
@@ -178,4 +202,77 @@ fn a_step_refused_at_submit_answers_its_request_without_waiting() {
     let out = instance.execute(&[request(1.0)], &mut ExecTiming::default());
     let e = out[0].as_ref().unwrap_err();
     assert!(e.message().contains("model 'double' is unloading"), "{e}");
+}
+
+/// Triton's back-pressure (`max_inflight_requests`, shared by the ensemble's requests): a
+/// producer step (`double`, instant) far faster than its consumer (`inc`, 20 ms) never has
+/// more than the limit of requests waiting at the consumer, however many ensemble requests
+/// are in flight at once; without the limit all of them pile up there.
+#[test]
+fn max_inflight_requests_bounds_what_waits_at_a_slow_step() {
+    for (extra, bound) in [("max_inflight_requests: 2", Some(2)), ("", None)] {
+        let fake = Arc::new(FakeSteps {
+            slow_inc: Some(std::time::Duration::from_millis(20)),
+            ..FakeSteps::serving()
+        });
+        let backend = EnsembleBackend::new(fake.clone());
+        let model = backend
+            .load(&limited_pipeline("double", extra), Path::new(""))
+            .unwrap();
+        // two ensemble instances share the limit, each with a batch of 8
+        let threads: Vec<_> = (0..2)
+            .map(|t| {
+                let mut instance = model.new_instance(t).unwrap();
+                std::thread::spawn(move || {
+                    let batch: Vec<_> = (0..8).map(|i| request(i as f32)).collect();
+                    instance.execute(&batch, &mut ExecTiming::default())
+                })
+            })
+            .collect();
+        for t in threads {
+            for (i, r) in t.join().unwrap().iter().enumerate() {
+                let v: Vec<f32> = r.as_ref().unwrap().outputs[0].values().unwrap();
+                assert_eq!(v, vec![2.0 * i as f32 + 1.0; 4], "every answer is right");
+            }
+        }
+        let peak = fake.inc_peak.load(Ordering::SeqCst);
+        match bound {
+            Some(n) => assert!(peak <= n, "{peak} in flight at the slow step, limit {n}"),
+            None => assert!(peak > 2, "without a limit they pile up: {peak}"),
+        }
+        assert_eq!(fake.inc_inflight.load(Ordering::SeqCst), 0);
+    }
+}
+
+#[test]
+fn max_inflight_requests_is_bounded_at_load() {
+    let text = |v: &str| {
+        format!(
+            r#"platform: "ensemble" max_batch_size: 8
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ max_inflight_requests: {v} step [
+  {{ model_name: "inc" model_version: -1
+     input_map {{ key: "X" value: "IN" }} output_map {{ key: "Y" value: "OUT" }} }} ] }}"#
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for bad in ["-5", "\"invalid_value\"", "12345678901"] {
+        let parsed = config::parse_pbtxt("e", &text(bad));
+        assert!(parsed.is_err(), "{bad} must not parse as a uint32");
+    }
+    let mut cfg = config::parse_pbtxt("e", &text("2000000")).unwrap();
+    config::normalize(&mut cfg, "e", dir.path());
+    let e = config::validate(cfg, "e", dir.path()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("max_inflight_requests must be an integer in 0..=1048576"),
+        "{e}"
+    );
+    let mut cfg = config::parse_pbtxt("e", &text("0")).unwrap();
+    config::normalize(&mut cfg, "e", dir.path());
+    assert!(
+        config::validate(cfg, "e", dir.path()).is_ok(),
+        "0 is no limit"
+    );
 }
