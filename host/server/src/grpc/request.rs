@@ -169,6 +169,7 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
             shm,
         });
     }
+    check_reserved_keys(req.parameters.keys())?;
     let request = InferRequest {
         id: req.id,
         inputs,
@@ -188,6 +189,23 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
         shm_inputs,
         shm_scope: Scope::default(),
     })
+}
+
+/// The `triton_` request parameters Triton's gRPC front end lets a client set.
+const TRITON_REQUEST_PARAMS: [&str; 1] = ["triton_enable_empty_final_response"];
+
+/// Triton's rule (26.05): request parameter keys starting with `triton_` are its own, and only
+/// those it lets clients set are accepted, in its words.
+fn check_reserved_keys<'a>(mut keys: impl Iterator<Item = &'a String>) -> Result<(), Error> {
+    match keys.find(|k| k.starts_with("triton_") && !TRITON_REQUEST_PARAMS.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(k) => Err(Error::invalid(format!(
+            "parameter keys starting with 'triton_' are reserved for Triton usage. Only the \
+             following keys starting with 'triton_' are allowed: {} (got '{}')",
+            TRITON_REQUEST_PARAMS.join(" "),
+            k.escape_debug()
+        ))),
+    }
 }
 
 /// The call's shared memory scope, from its `wisp-shm-token` metadata.
@@ -262,5 +280,27 @@ mod tests {
             "{e}"
         );
         assert!(decode(request(16)).is_ok());
+    }
+
+    /// Triton 26.05: `triton_` parameter keys are reserved, but for the ones it lets clients set.
+    #[test]
+    fn reserved_parameter_keys_are_refused_in_tritons_words() {
+        let with = |key: &str| pb::ModelInferRequest {
+            model_name: "m".into(),
+            parameters: [(key.to_string(), pb::InferParameter::default())].into(),
+            ..Default::default()
+        };
+        let e = decode(with("triton_final_response")).err().unwrap();
+        assert!(
+            e.message().starts_with(
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the \
+                 following keys starting with 'triton_' are allowed: \
+                 triton_enable_empty_final_response"
+            ),
+            "{e}"
+        );
+        assert!(decode(with("triton_enable_empty_final_response")).is_ok());
+        assert!(decode(with("tritonish")).is_ok());
+        assert!(decode(with("my_key")).is_ok());
     }
 }
