@@ -403,7 +403,6 @@ pub fn select_outputs(
     Ok(out)
 }
 
-/// Every output of the model, in config order, when the client named none.
 /// What a request that names no outputs gets: every output `response` holds, in config order.
 /// A model answers all its outputs, except a plugin that leaves one unset (and an ensemble
 /// whose branch did not run), which the client simply does not get.

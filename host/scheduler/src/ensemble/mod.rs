@@ -338,8 +338,8 @@ impl Run {
                 if consumers[..k].contains(&n) {
                     continue;
                 }
-                for (i, (input, _)) in plan.steps[n].inputs.iter().enumerate() {
-                    if plan.steps[n].inputs[i].1 != name {
+                for (i, (input, tensor)) in plan.steps[n].inputs.iter().enumerate() {
+                    if *tensor != name {
                         continue;
                     }
                     let Some(left) = self.missing[n].checked_sub(1) else {

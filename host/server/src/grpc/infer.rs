@@ -211,7 +211,7 @@ impl StreamedRequest {
             .collect();
         let empty_final = matches!(
             req.parameters
-                .get("triton_enable_empty_final_response")
+                .get(super::request::ENABLE_EMPTY_FINAL)
                 .and_then(|p| p.parameter_choice.as_ref()),
             Some(pb::infer_parameter::ParameterChoice::BoolParam(true))
         );

@@ -191,8 +191,12 @@ pub(crate) fn decode(req: pb::ModelInferRequest) -> Result<Decoded, Error> {
     })
 }
 
+/// The request parameter that asks a stream for the final flag alone when the model's last
+/// response did not carry it.
+pub(super) const ENABLE_EMPTY_FINAL: &str = "triton_enable_empty_final_response";
+
 /// The `triton_` request parameters Triton's gRPC front end lets a client set.
-const TRITON_REQUEST_PARAMS: [&str; 1] = ["triton_enable_empty_final_response"];
+const TRITON_REQUEST_PARAMS: [&str; 1] = [ENABLE_EMPTY_FINAL];
 
 /// Triton's rule (26.05): request parameter keys starting with `triton_` are its own, and only
 /// those it lets clients set are accepted, in its words.

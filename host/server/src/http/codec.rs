@@ -410,6 +410,7 @@ fn decode_input(
         .ok_or_else(|| at("'shape' must hold non-negative integers".into()))?;
     wisp_core::infer::check_rank(shape.len(), format_args!("input '{name}'"))?;
     let count = element_count(&shape).map_err(|e| at(e.message().to_string()))?;
+    // before `data` is read, so an overflowing shape gets Triton's overflow message
     byte_size(name, datatype, count)?;
     let params = match o.get("parameters") {
         None | Some(Value::Null) => None,
