@@ -1,7 +1,7 @@
 //! One route table decides both a request's handler and its API group: models named after
 //! every route word are restricted by the route they are reached through, never by the word.
 
-use wisp_server::restricted::ROUTE_WORDS;
+use wisp_server::http::route::route_words;
 use wisp_server::settings::OnnxEngine;
 use wisp_tests::{copy_dir, fixture_repo, Client};
 
@@ -10,7 +10,7 @@ use crate::common::start_with;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_named_after_route_words_keep_their_routes_groups() {
     let dir = tempfile::tempdir().unwrap();
-    for word in ROUTE_WORDS {
+    for word in route_words() {
         let to = dir.path().join(word);
         copy_dir(&fixture_repo().join("add_sub"), &to).unwrap();
         let config = std::fs::read_to_string(to.join("config.pbtxt")).unwrap();
@@ -32,7 +32,7 @@ async fn models_named_after_route_words_keep_their_routes_groups() {
         {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
     ]});
     let body = serde_json::to_vec(&body).unwrap();
-    for word in ROUTE_WORDS {
+    for word in route_words() {
         // `/v2/models/stats` is every model's statistics, in Triton as here.
         let bare = if word == "stats" { "s" } else { "m" };
         for (method, path, key) in [

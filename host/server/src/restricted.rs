@@ -6,8 +6,9 @@
 //! `shared-memory`, `model-config`, `model-repository`, `statistics`, `trace`, `logging`. A
 //! refused HTTP request gets 403 and `This API is restricted, expecting header '<header>'`; a
 //! refused gRPC call gets UNAVAILABLE and `This protocol is restricted, expecting header
-//! '<header>'`, where the gRPC header carries Triton's `triton-grpc-protocol-` prefix. Both front
-//! ends classify their routes here, so one table decides what each group covers.
+//! '<header>'`, where the gRPC header carries Triton's `triton-grpc-protocol-` prefix. An HTTP
+//! route's group is a column of the route table ([`crate::http::route::TABLE`]); a gRPC method's
+//! is [`ApiGroup::of_grpc`].
 
 use std::fmt;
 
@@ -36,51 +37,6 @@ pub enum ApiGroup {
     /// Log settings.
     Logging,
 }
-
-/// A `/v2/models/…` path after `models`: `{m}`, `{m}/{action}`, `{m}/versions/{v}` or
-/// `{m}/versions/{v}/{action}`. The one reading of a model route: the HTTP router picks its
-/// handler from it and [`ApiGroup::of_http`] its API group, so that a model named after a
-/// route word is never classified by that word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ModelRoute<'a> {
-    /// The model's name.
-    pub model: &'a str,
-    /// The version, after `versions/`.
-    pub version: Option<&'a str>,
-    /// What is asked of it (`ready`, `infer`, ...); `None`: its metadata.
-    pub action: Option<&'a str>,
-}
-
-/// Reads `rest` (the segments after `/v2/models/`) as a [`ModelRoute`]; `None` for any other
-/// shape.
-pub fn model_route<'a>(rest: &[&'a str]) -> Option<ModelRoute<'a>> {
-    let (model, version, action) = match *rest {
-        [m] => (m, None, None),
-        [m, a] => (m, None, Some(a)),
-        [m, "versions", v] => (m, Some(v), None),
-        [m, "versions", v, a] => (m, Some(v), Some(a)),
-        _ => return None,
-    };
-    Some(ModelRoute {
-        model,
-        version,
-        action,
-    })
-}
-
-/// Every word the HTTP router gives a meaning to after `/v2/models/{m}/` or
-/// `/v2/models/`: a model may be named after any of them (tests load such models).
-pub const ROUTE_WORDS: [&str; 9] = [
-    "ready",
-    "infer",
-    "generate",
-    "generate_stream",
-    "config",
-    "stats",
-    "trace",
-    "setting",
-    "versions",
-];
 
 impl ApiGroup {
     /// Every group, in Triton's order.
@@ -113,36 +69,6 @@ impl ApiGroup {
 
     fn parse(s: &str) -> Option<ApiGroup> {
         ApiGroup::ALL.into_iter().find(|g| g.name() == s)
-    }
-
-    /// The group of an HTTP route (path segments after the leading `/`), or `None` for a path
-    /// that is no API (answered 404 whatever the restrictions).
-    pub fn of_http(segs: &[&str]) -> Option<ApiGroup> {
-        Some(match segs {
-            ["v2"] => ApiGroup::Metadata,
-            ["v2", "health", ..] => ApiGroup::Health,
-            ["v2", "repository", ..] => ApiGroup::ModelRepository,
-            ["v2", "logging"] => ApiGroup::Logging,
-            ["v2", "trace", ..] => ApiGroup::Trace,
-            ["v2", "systemsharedmemory" | "cudasharedmemory", ..] => ApiGroup::SharedMemory,
-            ["v2", "models", "stats"] => ApiGroup::Statistics,
-            // The OpenAI-compatible API (/v1/embeddings, /v1/models) is inference.
-            ["v1", ..] => ApiGroup::Inference,
-            ["v2", "models", _, "trace", "setting"] => ApiGroup::Trace,
-            // The same reading of the path as the handler's: a model may be named after any
-            // route word (`ready`, `infer`, `versions`...).
-            ["v2", "models", rest @ ..] if !rest.is_empty() => match model_route(rest) {
-                Some(ModelRoute { action, .. }) => match action {
-                    Some("ready") => ApiGroup::Health,
-                    Some("infer" | "generate" | "generate_stream") => ApiGroup::Inference,
-                    Some("config") => ApiGroup::ModelConfig,
-                    Some("stats") => ApiGroup::Statistics,
-                    _ => ApiGroup::Metadata,
-                },
-                None => ApiGroup::Metadata,
-            },
-            _ => return None,
-        })
     }
 
     /// The group of a gRPC method path (`/inference.GRPCInferenceService/ModelInfer`).
@@ -335,60 +261,8 @@ mod tests {
     }
 
     #[test]
-    fn routes_map_to_triton_groups() {
+    fn grpc_methods_map_to_triton_groups() {
         use ApiGroup::*;
-        for (path, group) in [
-            ("v2", Some(Metadata)),
-            ("v2/health/live", Some(Health)),
-            ("v2/models/m/ready", Some(Health)),
-            ("v2/models/m/versions/1/ready", Some(Health)),
-            ("v2/models/m", Some(Metadata)),
-            ("v2/models/m/versions/2", Some(Metadata)),
-            ("v2/models/m/infer", Some(Inference)),
-            ("v2/models/m/config", Some(ModelConfig)),
-            ("v2/models/m/stats", Some(Statistics)),
-            ("v2/models/stats", Some(Statistics)),
-            ("v2/repository/index", Some(ModelRepository)),
-            ("v2/repository/models/m/load", Some(ModelRepository)),
-            ("v2/logging", Some(Logging)),
-            ("v2/trace/setting", Some(Trace)),
-            ("v2/systemsharedmemory/status", Some(SharedMemory)),
-            ("v1/embeddings", Some(Inference)),
-            ("v1/models", Some(Inference)),
-            ("v1/models/m", Some(Inference)),
-            ("v2/models/m/trace/setting", Some(Trace)),
-            ("v3", None),
-        ] {
-            let segs: Vec<&str> = path.split('/').collect();
-            assert_eq!(ApiGroup::of_http(&segs), group, "{path}");
-        }
-        // Models named after every route word: the word's position decides, not the word.
-        for word in ROUTE_WORDS {
-            let group = |path: String| {
-                let segs: Vec<&str> = path.split('/').collect();
-                ApiGroup::of_http(&segs)
-            };
-            // `/v2/models/stats` is every model's statistics (as in Triton, whatever is loaded).
-            let bare = if word == "stats" {
-                Statistics
-            } else {
-                Metadata
-            };
-            assert_eq!(group(format!("v2/models/{word}")), Some(bare), "{word}");
-            assert_eq!(
-                group(format!("v2/models/{word}/versions/1")),
-                Some(Metadata),
-                "{word}"
-            );
-            assert_eq!(group(format!("v2/models/{word}/ready")), Some(Health));
-            assert_eq!(group(format!("v2/models/{word}/infer")), Some(Inference));
-            assert_eq!(group(format!("v2/models/{word}/config")), Some(ModelConfig));
-            assert_eq!(
-                group(format!("v2/models/m/versions/{word}")),
-                Some(Metadata),
-                "{word}"
-            );
-        }
         assert_eq!(
             ApiGroup::of_grpc("/inference.GRPCInferenceService/ModelInfer"),
             Some(Inference)

@@ -34,11 +34,10 @@ pub(super) async fn trace_setting(
     }
     let settings = match *method {
         Method::GET => app.service.trace().settings(model),
-        Method::POST => {
+        _ => {
             let body = json_body(app, req).await?;
             app.service.trace().update(model, &body)?
         }
-        _ => return Ok(method_not_allowed(method, "GET, POST")),
     };
     Ok(json_response(Value::Object(settings.to_json())))
 }
@@ -48,67 +47,59 @@ pub(super) fn shm_scope(headers: &HeaderMap) -> Result<Scope, Error> {
     Scope::from_token(headers.get(TOKEN_HEADER).map(|v| v.as_bytes()))
 }
 
-/// The system shared memory extension: `[region/{name}/]status` (GET), `region/{name}/register`
-/// (POST `{"key", "offset", "byte_size"}`), `[region/{name}/]unregister` (POST).
-pub(super) async fn system_shared_memory(
-    app: &AppState,
-    rest: &[&str],
-    method: &Method,
-    req: Request,
-) -> ApiResult {
-    let (name, action) = match rest {
-        [a] => (None, *a),
-        ["region", n, a] => (Some(*n), *a),
-        _ => return Err(Error::not_found("no such shared memory route").into()),
-    };
+/// The system shared memory extension's `[region/{name}/]status`.
+pub(super) fn shm_status(app: &AppState, region: Option<&str>, headers: &HeaderMap) -> ApiResult {
+    let scope = shm_scope(headers)?;
+    let rows = app.service.shm().status(&scope, region)?;
+    let rows: Vec<Value> = rows
+        .into_iter()
+        .map(|r| {
+            json!({"name": r.name, "key": r.key, "offset": r.offset,
+                   "byte_size": r.byte_size})
+        })
+        .collect();
+    Ok(json_response(Value::Array(rows)))
+}
+
+/// `region/{name}/register`: a JSON object `{"key", "offset", "byte_size"}`.
+pub(super) async fn shm_register(app: &AppState, name: &str, req: Request) -> ApiResult {
     let scope = shm_scope(req.headers())?;
-    match (action, method, name) {
-        ("status", &Method::GET, _) => {
-            let rows = app.service.shm().status(&scope, name)?;
-            let rows: Vec<Value> = rows
-                .into_iter()
-                .map(|r| {
-                    json!({"name": r.name, "key": r.key, "offset": r.offset,
-                           "byte_size": r.byte_size})
-                })
-                .collect();
-            Ok(json_response(Value::Array(rows)))
+    let body = json_body(app, req).await?;
+    let key = body
+        .get("key")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Error::invalid("shared memory registration needs a string 'key'"))?;
+    let number = |field: &str, required: bool| -> Result<usize, Error> {
+        match body.get(field) {
+            None if !required => Ok(0),
+            v => v
+                .and_then(Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "shared memory registration needs a non-negative integer '{field}'"
+                    ))
+                }),
         }
-        ("register", &Method::POST, Some(name)) => {
-            let body = json_body(app, req).await?;
-            let key = body
-                .get("key")
-                .and_then(Value::as_str)
-                .ok_or_else(|| Error::invalid("shared memory registration needs a string 'key'"))?;
-            let number = |field: &str, required: bool| -> Result<usize, Error> {
-                match body.get(field) {
-                    None if !required => Ok(0),
-                    v => v
-                        .and_then(Value::as_u64)
-                        .and_then(|n| usize::try_from(n).ok())
-                        .ok_or_else(|| {
-                            Error::invalid(format!(
-                                "shared memory registration needs a non-negative integer '{field}'"
-                            ))
-                        }),
-                }
-            };
-            let (offset, byte_size) = (number("offset", false)?, number("byte_size", true)?);
-            let (name, key) = (name.to_string(), key.to_string());
-            app.service
-                .clone()
-                .register_shm(scope, name, key, offset, byte_size)
-                .await?;
-            Ok(StatusCode::OK.into_response())
-        }
-        ("unregister", &Method::POST, _) => {
-            app.service.shm().unregister(&scope, name);
-            Ok(StatusCode::OK.into_response())
-        }
-        ("status", _, _) => Ok(method_not_allowed(method, "GET")),
-        ("register" | "unregister", _, _) => Ok(method_not_allowed(method, "POST")),
-        _ => Err(Error::not_found(format!("unknown shared memory action '{action}'")).into()),
-    }
+    };
+    let (offset, byte_size) = (number("offset", false)?, number("byte_size", true)?);
+    let (name, key) = (name.to_string(), key.to_string());
+    app.service
+        .clone()
+        .register_shm(scope, name, key, offset, byte_size)
+        .await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `[region/{name}/]unregister`: one region, or every region of the caller's scope.
+pub(super) fn shm_unregister(
+    app: &AppState,
+    region: Option<&str>,
+    headers: &HeaderMap,
+) -> ApiResult {
+    let scope = shm_scope(headers)?;
+    app.service.shm().unregister(&scope, region);
+    Ok(StatusCode::OK.into_response())
 }
 
 /// The index request's `ready` flag. The body is read as a typed request, not as a JSON tree,
@@ -138,37 +129,33 @@ async fn index_ready(app: &AppState, req: Request) -> Result<bool, Error> {
     }
 }
 
-/// The model repository extension: index, load, unload.
-pub(super) async fn repository(app: &AppState, rest: &[&str], req: Request) -> ApiResult {
-    match rest {
-        ["index"] | [_, "index"] => {
-            let ready = index_ready(app, req).await?;
-            let rows = app.service.index(ready)?;
-            let out: Vec<Value> = rows
-                .into_iter()
-                .map(|r| {
-                    let mut o = serde_json::Map::new();
-                    o.insert("name".into(), Value::from(r.name));
-                    if let Some(v) = r.version {
-                        o.insert("version".into(), Value::from(v.to_string()));
-                    }
-                    o.insert("state".into(), Value::from(r.state));
-                    if !r.reason.is_empty() {
-                        o.insert("reason".into(), Value::from(r.reason));
-                    }
-                    Value::Object(o)
-                })
-                .collect();
-            Ok(json_response(Value::Array(out)))
-        }
-        ["models", model, action @ ("load" | "unload")] => {
-            control(app, "", model, action, req).await
-        }
-        [repository, "models", model, action @ ("load" | "unload")] => {
-            control(app, repository, model, action, req).await
-        }
-        _ => Err(Error::not_found("no such repository route").into()),
-    }
+/// The model repository extension's index.
+pub(super) async fn repository_index(app: &AppState, req: Request) -> ApiResult {
+    let ready = index_ready(app, req).await?;
+    let rows = app.service.index(ready)?;
+    let out: Vec<Value> = rows
+        .into_iter()
+        .map(|r| {
+            let mut o = serde_json::Map::new();
+            o.insert("name".into(), Value::from(r.name));
+            if let Some(v) = r.version {
+                o.insert("version".into(), Value::from(v.to_string()));
+            }
+            o.insert("state".into(), Value::from(r.state));
+            if !r.reason.is_empty() {
+                o.insert("reason".into(), Value::from(r.reason));
+            }
+            Value::Object(o)
+        })
+        .collect();
+    Ok(json_response(Value::Array(out)))
+}
+
+/// Which of the repository's control routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Control {
+    Load,
+    Unload,
 }
 
 /// `…/models/{m}/load` and `…/unload`: the parameters are parsed here, the policy is the
@@ -177,7 +164,7 @@ pub(super) async fn control(
     app: &AppState,
     repository: &str,
     model: &str,
-    action: &str,
+    action: Control,
     req: Request,
 ) -> ApiResult {
     // Refused before the body is read: a closed control plane costs nothing to parse.
@@ -188,7 +175,7 @@ pub(super) async fn control(
         Some(Value::Object(p)) => p.clone(),
         Some(_) => return Err(Error::invalid("'parameters' must be a JSON object").into()),
     };
-    if action == "load" {
+    if action == Control::Load {
         let config = match params.get("config") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),

@@ -1,5 +1,6 @@
-//! The HTTP/REST front end: every KServe v2 route this server supports, dispatched from the
-//! path as Triton's `http_server.cc` does (model names may hold any character but `/`).
+//! The HTTP/REST front end: every KServe v2 route this server supports, dispatched through one
+//! table ([`route::TABLE`]) that also gives each route its methods and restricted-API group
+//! (model names may hold any character but `/`).
 //!
 //! A thin codec over the [`Service`]: each route parses its request, calls the service and
 //! encodes the answer; errors become statuses in [`error::status`].
@@ -13,8 +14,12 @@
 mod admin;
 mod body;
 mod generate;
+pub mod route;
 
-use admin::{logging_update, repository, shm_scope, system_shared_memory, trace_setting};
+use admin::{
+    control, logging_update, repository_index, shm_register, shm_scope, shm_status, shm_unregister,
+    trace_setting, Control,
+};
 pub(crate) use body::read_body;
 use body::{decode_cost, INLINE_DECODE_BYTES};
 
@@ -41,6 +46,7 @@ use crate::service::query::{Duration, TensorMetadata, VersionStats};
 use crate::service::shm::{Scope, TOKEN_HEADER};
 use crate::service::{Charge, Service};
 use error::ApiError;
+use route::Kind;
 
 /// The header carrying the JSON length when binary tensor data follows it.
 pub const HEADER_LEN: &str = "inference-header-content-length";
@@ -59,7 +65,7 @@ pub struct AppState {
 
 type ApiResult = Result<Response, ApiError>;
 
-/// The router: one fallback handler that dispatches on the path.
+/// The router: one fallback handler that dispatches on the path through [`route::TABLE`].
 pub fn router(state: Arc<AppState>) -> axum::Router {
     axum::Router::new().fallback(dispatch).with_state(state)
 }
@@ -68,83 +74,74 @@ async fn dispatch(State(app): State<Arc<AppState>>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
     let method = req.method().clone();
-    if let Some(group) = crate::restricted::ApiGroup::of_http(&segs) {
-        let headers = req.headers();
-        if let Err(header) = app
-            .restricted
-            .check(group, |h| headers.get(h).map(|v| v.as_bytes()))
-        {
-            let message = format!("This API is restricted, expecting header '{header}'");
-            if segs.first() == Some(&"v1") {
-                return openai::error_with_status(StatusCode::FORBIDDEN, &message, None, None);
-            }
-            let body = json!({ "error": message });
-            return (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
+    let Some((entry, p)) = route::find(&segs) else {
+        let (message, openai) = route::not_found(&segs, method.as_str(), &path);
+        if openai {
+            let failure = crate::service::openai::ApiFailure {
+                error: Error::not_found(message),
+                param: None,
+                code: Some("unknown_url"),
+            };
+            return openai::error_response(failure);
         }
+        return ApiError(Error::not_found(message)).into_response();
+    };
+    // Triton's order: the group's header first, then the method.
+    let headers = req.headers();
+    if let Err(header) = app
+        .restricted
+        .check(entry.group, |h| headers.get(h).map(|v| v.as_bytes()))
+    {
+        let message = format!("This API is restricted, expecting header '{header}'");
+        if entry.openai() {
+            return openai::error_with_status(StatusCode::FORBIDDEN, &message, None, None);
+        }
+        let body = json!({ "error": message });
+        return (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
     }
-    if segs.first() == Some(&"v1") {
-        return openai::route(&app, &segs, &method, req).await;
+    if !entry.allows(method.as_str()) {
+        if entry.openai() {
+            return openai::not_allowed(&method, entry.allow);
+        }
+        return method_not_allowed(&method, entry.allow);
     }
-    let result = match (segs.as_slice(), &method) {
-        (["v2"], &Method::GET) => Ok(server_metadata(&app)),
-        (["v2", "health", "live"], &Method::GET) => Ok(StatusCode::OK.into_response()),
-        (["v2", "health", "ready"], &Method::GET) => Ok(server_ready(&app)),
-        (["v2", "models", "stats"], &Method::GET) => stats(&app, None, None),
-        (["v2", "repository", rest @ ..], &Method::POST) => repository(&app, rest, req).await,
-        (["v2", "logging"], &Method::GET) => app
+    let (model, version) = (p.model, p.version);
+    let result = match entry.kind {
+        Kind::ServerMetadata => Ok(server_metadata(&app)),
+        Kind::Live => Ok(StatusCode::OK.into_response()),
+        Kind::ServerReady => Ok(server_ready(&app)),
+        Kind::AllStats => stats(&app, None, None),
+        Kind::ModelMetadata => model_metadata(&app, model, version),
+        Kind::ModelReady => Ok(model_ready(&app, model, version)),
+        Kind::ModelConfig => model_config(&app, model, version),
+        Kind::ModelStats => stats(&app, Some(model), version),
+        Kind::Infer => infer(&app, model, version, req).await,
+        Kind::Generate => generate::generate(&app, model, version, req, false).await,
+        Kind::GenerateStream => generate::generate(&app, model, version, req, true).await,
+        Kind::ModelTrace => trace_setting(&app, Some(model), &method, req).await,
+        Kind::Trace => trace_setting(&app, None, &method, req).await,
+        Kind::Logging if method == Method::GET => app
             .service
             .log_settings(&Default::default())
             .map(|s| json_response(s.to_json()))
             .map_err(ApiError),
-        (["v2", "logging"], &Method::POST) => logging_update(&app, req).await,
-        (["v2", "trace", "setting"], _) => trace_setting(&app, None, &method, req).await,
-        (["v2", "models", model, "trace", "setting"], _) => {
-            trace_setting(&app, Some(model), &method, req).await
+        Kind::Logging => logging_update(&app, req).await,
+        Kind::RepositoryIndex => repository_index(&app, req).await,
+        Kind::Load => control(&app, p.repository, model, Control::Load, req).await,
+        Kind::Unload => control(&app, p.repository, model, Control::Unload, req).await,
+        Kind::ShmStatus => shm_status(&app, p.region, req.headers()),
+        Kind::ShmRegister => shm_register(&app, p.region.unwrap_or_default(), req).await,
+        Kind::ShmUnregister => shm_unregister(&app, p.region, req.headers()),
+        Kind::CudaShm => Err(crate::service::shm::cuda_unsupported().into()),
+        Kind::Embeddings => {
+            return openai::embeddings(&app, req)
+                .await
+                .unwrap_or_else(openai::error_response)
         }
-        (["v2", "systemsharedmemory", rest @ ..], _) => {
-            system_shared_memory(&app, rest, &method, req).await
-        }
-        (["v2", "cudasharedmemory", ..], _) => Err(crate::service::shm::cuda_unsupported().into()),
-        (["v2", "models", rest @ ..], _) if !rest.is_empty() => {
-            model_route(&app, rest, &method, req).await
-        }
-        _ => Err(ApiError(Error::not_found(format!(
-            "no route for {method} {path}"
-        )))),
+        Kind::OpenAiModels => return openai::models(&app),
+        Kind::OpenAiModel => return openai::model(&app, p.id),
     };
     result.unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn model_route(app: &AppState, rest: &[&str], method: &Method, req: Request) -> ApiResult {
-    // {m} | {m}/versions/{v} , then optional action: read as the API group was
-    let Some(crate::restricted::ModelRoute {
-        model,
-        version,
-        action,
-    }) = crate::restricted::model_route(rest)
-    else {
-        return Err(Error::not_found("no such model route").into());
-    };
-    match (action, method) {
-        (None, &Method::GET) => model_metadata(app, model, version),
-        (Some("ready"), &Method::GET) => Ok(model_ready(app, model, version)),
-        (Some("config"), &Method::GET) => model_config(app, model, version),
-        (Some("stats"), &Method::GET) => stats(app, Some(model), version),
-        (Some("infer"), &Method::POST) => infer(app, model, version, req).await,
-        (Some("generate"), &Method::POST) => {
-            generate::generate(app, model, version, req, false).await
-        }
-        (Some("generate_stream"), &Method::POST) => {
-            generate::generate(app, model, version, req, true).await
-        }
-        (Some("ready" | "config" | "stats"), _) | (None, _) => {
-            Ok(method_not_allowed(method, "GET"))
-        }
-        (Some("infer" | "generate" | "generate_stream"), _) => {
-            Ok(method_not_allowed(method, "POST"))
-        }
-        (Some(other), _) => Err(Error::not_found(format!("unknown model action '{other}'")).into()),
-    }
 }
 
 /// 405 with an `Allow` header: the path exists, the method does not.

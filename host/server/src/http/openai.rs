@@ -24,31 +24,8 @@ use super::error::status;
 use super::{read_body, AppState};
 use crate::service::openai::{ApiFailure, ApiModel, MAX_INPUTS};
 
-/// Answers an OpenAI route (`segs` starts with `v1`).
-pub async fn route(app: &AppState, segs: &[&str], method: &Method, req: Request) -> Response {
-    let result = match (segs, method) {
-        (["v1", "embeddings"], &Method::POST) => embeddings(app, req).await,
-        (["v1", "models"], &Method::GET) => Ok(models(app)),
-        (["v1", "models", id], &Method::GET) => app
-            .service
-            .api_model(id)
-            .map(|m| axum::Json(model_json(&m)).into_response()),
-        (["v1", "embeddings"], _) => Ok(not_allowed(method, "POST")),
-        (["v1", "models"] | ["v1", "models", _], _) => Ok(not_allowed(method, "GET")),
-        _ => Err(ApiFailure {
-            error: Error::not_found(format!(
-                "no route for {method} /{}: this server implements /v1/embeddings and /v1/models",
-                segs.join("/")
-            )),
-            param: None,
-            code: Some("unknown_url"),
-        }),
-    };
-    result.unwrap_or_else(error_response)
-}
-
 /// 405 with `Allow`, in OpenAI's error object.
-fn not_allowed(method: &Method, want: &'static str) -> Response {
+pub(super) fn not_allowed(method: &Method, want: &'static str) -> Response {
     let mut resp = error_with_status(
         StatusCode::METHOD_NOT_ALLOWED,
         &format!("method {method} not allowed here, use {want}"),
@@ -89,9 +66,18 @@ fn model_json(m: &ApiModel) -> Value {
     json!({ "id": m.id, "object": "model", "created": m.created, "owned_by": "wisp" })
 }
 
-fn models(app: &AppState) -> Response {
+/// `GET /v1/models`.
+pub(super) fn models(app: &AppState) -> Response {
     let data: Vec<Value> = app.service.api_models().iter().map(model_json).collect();
     axum::Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+/// `GET /v1/models/{id}`.
+pub(super) fn model(app: &AppState, id: &str) -> Response {
+    match app.service.api_model(id) {
+        Ok(m) => axum::Json(model_json(&m)).into_response(),
+        Err(failure) => error_response(failure),
+    }
 }
 
 /// `encoding_format`.
@@ -353,7 +339,8 @@ struct Answer {
     usage: Usage,
 }
 
-async fn embeddings(app: &AppState, req: Request) -> Result<Response, ApiFailure> {
+/// `POST /v1/embeddings`.
+pub(super) async fn embeddings(app: &AppState, req: Request) -> Result<Response, ApiFailure> {
     let received = std::time::Instant::now();
     let (parts, body) = req.into_parts();
     let (body, mut budget) = read_body(app, &parts.headers, body).await?;

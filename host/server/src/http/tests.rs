@@ -16,6 +16,10 @@ fn fixture_repo() -> std::path::PathBuf {
 }
 
 async fn open() -> (Embedded, axum::Router) {
+    open_restricted(Default::default()).await
+}
+
+async fn open_restricted(restricted: crate::restricted::Restrictions) -> (Embedded, axum::Router) {
     let mut settings = Settings::for_repository(fixture_repo());
     settings.onnx_engine = OnnxEngine::Tract;
     let wisp = crate::embed::open(settings)
@@ -25,7 +29,7 @@ async fn open() -> (Embedded, axum::Router) {
         service: wisp.service().clone(),
         max_input_size: 1 << 20,
         body_timeout: Duration::from_secs(5),
-        restricted: Default::default(),
+        restricted,
     });
     (wisp, router(state))
 }
@@ -241,11 +245,71 @@ async fn a_wrong_method_is_405_with_the_allowed_one() {
         (Method::GET, "/v2/models/add_sub/generate_stream", "POST"),
         (Method::POST, "/v2/models/add_sub/ready", "GET"),
         (Method::DELETE, "/v2/models/add_sub/config", "GET"),
+        // Every route answers a wrong method 405, as each of Triton's handlers does.
+        (Method::POST, "/v2", "GET"),
+        (Method::POST, "/v2/health/live", "GET"),
+        (Method::DELETE, "/v2/health/ready", "GET"),
+        (Method::POST, "/v2/models/stats", "GET"),
+        (Method::GET, "/v2/repository/index", "POST"),
+        (Method::GET, "/v2/repository/models/add_sub/load", "POST"),
+        (Method::PUT, "/v2/logging", "GET, POST"),
+        (Method::DELETE, "/v2/trace/setting", "GET, POST"),
+        (Method::POST, "/v2/systemsharedmemory/status", "GET"),
+        (
+            Method::GET,
+            "/v2/systemsharedmemory/region/r/register",
+            "POST",
+        ),
+        (Method::PUT, "/v2/cudasharedmemory/status", "GET, POST"),
     ] {
         let (status, got, _) = call(&app, method.clone(), path, "").await;
         assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
         assert_eq!(got.as_deref(), Some(allow), "{method} {path}");
     }
+    wisp.shutdown().await.unwrap();
+}
+
+/// Triton's order: a restricted group's header is checked before the method; a path that is no
+/// route is 404 whatever is restricted, in OpenAI's shape under `/v1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_group_is_checked_before_the_method_and_no_route_is_404() {
+    let restricted = crate::restricted::Restrictions::parse(
+        &["health,inference:k=v".to_string()],
+        "--http-restricted-api",
+        "",
+    )
+    .unwrap();
+    let (wisp, app) = open_restricted(restricted).await;
+    let (status, _, json) = call(&app, Method::POST, "/v2/health/live", "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{json}");
+    assert_eq!(
+        json["error"],
+        "This API is restricted, expecting header 'k'"
+    );
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/v2/health/live")
+        .header("k", "v")
+        .body(Body::empty())
+        .unwrap();
+    let resp = tower_service::Service::call(&mut app.clone(), req)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    for (path, message) in [
+        ("/v2/health/other", "no route for GET /v2/health/other"),
+        (
+            "/v2/models/add_sub/frobnicate",
+            "unknown model action 'frobnicate'",
+        ),
+    ] {
+        let (status, _, json) = call(&app, Method::GET, path, "").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {json}");
+        assert_eq!(json["error"], message, "{path}");
+    }
+    let (status, _, json) = call(&app, Method::POST, "/v1/chat/completions", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{json}");
+    assert_eq!(json["error"]["code"], "unknown_url", "{json}");
     wisp.shutdown().await.unwrap();
 }
 
