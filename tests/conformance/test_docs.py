@@ -8,7 +8,7 @@ The blocks are read from the Markdown itself, so a changed command is the one te
 - the README's first plugin in each language is built from the block's text with `wisp plugin`
   and run, and a block of `wisp plugin` commands runs as it is, in an empty directory, with
   only the `wisp` binary on PATH;
-- every other block is listed in COVERED with the test that runs the same thing, and the
+- every other block is listed in COVERED with the tests that run the same thing (each must exist), and the
   inventory test fails on a block that is in neither list (so a new snippet needs one)."""
 import os
 import re
@@ -25,29 +25,41 @@ WISP = os.environ.get("WISP_BIN", os.path.join(ROOT, "target", "debug", "wisp"))
 DOCS = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
                               if f.endswith(".md"))
 
-# Blocks run elsewhere: (file, the block's first line) → the test that runs the same thing.
+# Blocks run elsewhere: (file, the block's first line) → the tests that run the same thing, each
+# `path::name` (a Rust `fn` or a Python `def` in that file; test_covered_blocks_name_tests_that_exist
+# checks that it is there), with a word on what they share.
 COVERED = {
-    ("README.md", "./dev serve     # builds Wisp and serves model_repo/ on :8000"):
+    ("README.md", "./dev serve     # builds Wisp and serves model_repo/ on :8000"): (
+        ["tests/conformance/test_plugin_cli.py::alone",
+         "tests/conformance/test_plugin_cli.py::test_version_names_the_commit_and_what_this_build_runs"],
         ".ci/run (./dev test) itself; ./dev serve runs the same build and `wisp serve` on model_repo; "
-        "./dev install and wisp --version: test_plugin_cli.py (its `alone` fixture and "
-        "test_version_names_the_commit_and_what_this_build_runs)",
-    ("README.md", "wisp plugin new shout --lang rust     # or python, js: a project with a test, wit/, wisp-sdk/"):
-        "test_plugin_cli.py::test_new_build_check_run_serve_from_the_binary_alone (new, build, run, serve per language)",
-    ("docs/operations.md", "wisp serve --model-repository /models \\"):
-        "tests/it/hardening.rs (restricted API groups and their keys, both protocols)",
-    ("docs/operations.md", "wisp keygen --out release            # release.key (secret, mode 0600) and release.pub"):
-        "tests/it/management.rs (wisp keygen / sign, then --model-verify-key --require-signed-models)",
-    ("docs/operations.md", "wisp serve --model-repository models \\"):
-        "test_tls.py (both protocols' TLS and mutual TLS flags, with tritonclient)",
-    ("docs/plugins.md", "curl -N localhost:8000/v2/models/vad_stream/generate_stream -d '{\"AUDIO\": [0.0, 0.1, ...]}'"):
-        "test_decoupled.py::test_vad_stream_streams_a_recordings_frames_in_order (the elided audio is a recording)",
-    ("docs/plugins.md", "use wisp_core::Tensor;"):
-        "the compiled (no_run) rustdoc example of wisp_service::embed, and tests/it/embed.rs",
-    ("docs/plugins.md", "import numpy as np"):
-        "test_inprocess.py (import wisp: infer, models, metadata); `./dev test package` runs "
-        "this block as written after `pip install ./host/python` in a fresh venv",
-    ("docs/serving.md", "wisp serve --model-repository model_repo \\"):
-        "test_trace_otel.py (these --trace-config flags, against a collector)",
+        "./dev install and wisp --version are what the `alone` fixture and the version test run"),
+    ("README.md", "wisp plugin new shout --lang rust     # or python, js: a project with a test, wit/, wisp-sdk/"): (
+        ["tests/conformance/test_plugin_cli.py::test_new_build_check_run_serve_from_the_binary_alone"],
+        "new, build, run, serve per language"),
+    ("docs/operations.md", "wisp serve --model-repository /models \\"): (
+        ["tests/it/hardening.rs::restricted_api_groups_need_their_header_over_http_and_grpc"],
+        "restricted API groups and their keys, both protocols"),
+    ("docs/operations.md", "wisp keygen --out release            # release.key (secret, mode 0600) and release.pub"): (
+        ["tests/it/hardening.rs::signed_models_load_and_a_tampered_reload_keeps_the_old_version"],
+        "wisp keygen / sign, then --model-verify-key --require-signed-models"),
+    ("docs/operations.md", "wisp serve --model-repository models \\"): (
+        ["tests/conformance/test_tls.py::test_https_infer",
+         "tests/conformance/test_tls.py::test_grpc_mutual_tls_infer"],
+        "both protocols' TLS and mutual TLS flags, with tritonclient"),
+    ("docs/plugins.md", "curl -N localhost:8000/v2/models/vad_stream/generate_stream -d '{\"AUDIO\": [0.0, 0.1, ...]}'"): (
+        ["tests/conformance/test_decoupled.py::test_vad_stream_streams_a_recordings_frames_in_order"],
+        "the elided audio is a recording"),
+    ("docs/plugins.md", "use wisp_core::Tensor;"): (
+        ["tests/it/embed.rs::infers_in_process_with_the_servers_validation_and_statistics"],
+        "and the compiled (no_run) rustdoc example of wisp_service::embed"),
+    ("docs/plugins.md", "import numpy as np"): (
+        ["tests/conformance/test_inprocess.py::test_same_answers_as_over_http"],
+        "import wisp: infer, models, metadata; `./dev test package` runs this block as written "
+        "after `pip install ./host/python` in a fresh venv"),
+    ("docs/serving.md", "wisp serve --model-repository model_repo \\"): (
+        ["tests/conformance/test_trace_otel.py::test_an_http_request_is_exported_under_the_clients_span"],
+        "these --trace-config flags, against a collector"),
 }
 
 
@@ -114,6 +126,21 @@ def commands(text):
             out.append(split_comment(joined))
             current = []
     return out
+
+
+def test_covered_blocks_name_tests_that_exist():
+    """Each test COVERED names is defined in the file it names, so a renamed or moved test
+    cannot leave a block pointing at nothing."""
+    missing = []
+    for block, (tests, _why) in COVERED.items():
+        assert tests, f"{block}: names no test"
+        for ref in tests:
+            path, _, name = ref.partition("::")
+            full = os.path.join(ROOT, path)
+            text = open(full).read() if os.path.isfile(full) else ""
+            if not re.search(rf"^\s*(?:async fn|fn|def) {re.escape(name)}\b", text, re.M):
+                missing.append(ref)
+    assert not missing, f"COVERED names tests that do not exist: {missing}"
 
 
 def test_every_block_is_run_here_or_names_the_test_that_runs_it():
