@@ -27,6 +27,8 @@ pub mod limits;
 mod models;
 mod nn;
 mod responses;
+#[cfg(test)]
+mod seams;
 mod stdio;
 
 use std::collections::BTreeMap;

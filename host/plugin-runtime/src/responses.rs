@@ -32,7 +32,7 @@ impl v3::wisp::plugin0_3_0::responses::Host for State {
 }
 
 impl State {
-    fn send_response(
+    pub(crate) fn send_response(
         &mut self,
         request: u32,
         response: Option<std::result::Result<wit::Response, wit::Error>>,
