@@ -7,6 +7,7 @@ mod edge;
 mod embed;
 mod ensembles;
 mod fake_caller;
+mod first_response;
 mod hardening;
 mod http_api;
 mod management;

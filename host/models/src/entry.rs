@@ -34,6 +34,9 @@ pub struct ModelVersion {
     /// The parameters Wisp reads from its config, typed (among them the SLA that guards a
     /// reload bringing it in, and its embeddings API mapping).
     pub params: Arc<wisp_core::config::params::Params>,
+    /// Time to first response, for a decoupled model (Triton's
+    /// `nv_inference_first_response_histogram_ms`, buckets from its `model_metrics`).
+    pub first_response: Option<Arc<super::first_response::FirstResponse>>,
     /// What it has served, for judging its SLA (present when it declares one).
     pub(super) probe: Option<Arc<super::rollout::Probe>>,
     pub(super) scheduler: Arc<Scheduler>,

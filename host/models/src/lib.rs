@@ -22,6 +22,7 @@ mod cycle;
 pub mod ensemble;
 pub mod entry;
 pub mod fingerprint;
+pub mod first_response;
 pub mod host_policy;
 mod lifecycle;
 pub mod load;

@@ -414,6 +414,7 @@ fn load_version(
             cfg.instance_count(),
         )
     });
+    let first_response = first_response(&dir.name, cfg)?;
     let engine = loaded.engine().to_string();
     let composing = spec
         .steps
@@ -432,10 +433,31 @@ fn load_version(
         load_secs: start.elapsed().as_secs_f64(),
         loaded_at: std::time::SystemTime::now(),
         params: spec.params.clone(),
+        first_response,
         probe,
         scheduler,
         sequencer,
     })
+}
+
+/// A decoupled model's time-to-first-response histogram, with its `model_metrics` buckets; a
+/// family that cannot be customised is named in a warning, in Triton's words.
+fn first_response(
+    model: &str,
+    cfg: &ModelConfig,
+) -> Result<Option<Arc<crate::first_response::FirstResponse>>> {
+    let metrics = config::metrics::read(cfg).map_err(Error::invalid)?;
+    for family in &metrics.ignored_families {
+        tracing::warn!(
+            model,
+            "Metric family '{family}' in 'metric_identifier' is not a customizable metric in Triton core."
+        );
+    }
+    Ok(cfg.decoupled().then(|| {
+        Arc::new(crate::first_response::FirstResponse::new(
+            metrics.first_response_buckets,
+        ))
+    }))
 }
 
 /// `spec` with the sequence batcher's control and state inputs, and its state outputs, listed

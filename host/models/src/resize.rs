@@ -124,6 +124,7 @@ impl Registry {
                     loaded_at: m.loaded_at,
                     composing: m.composing.clone(),
                     params: m.params.clone(),
+                    first_response: m.first_response.clone(),
                     probe: m.probe.clone(),
                     scheduler: m.scheduler.clone(),
                     sequencer: m.sequencer.clone(),

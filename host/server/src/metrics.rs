@@ -26,6 +26,9 @@ pub struct MetricsOptions {
     pub quantiles: Vec<f64>,
     /// `counter_latencies`: cumulative duration counters (default on).
     pub counter_latencies: bool,
+    /// `histogram_latencies`: each decoupled model's time-to-first-response histogram
+    /// (`nv_inference_first_response_histogram_ms`; default off, as in Triton).
+    pub histogram_latencies: bool,
 }
 
 impl Default for MetricsOptions {
@@ -34,6 +37,7 @@ impl Default for MetricsOptions {
             summary_latencies: false,
             quantiles: DEFAULT_QUANTILES.to_vec(),
             counter_latencies: true,
+            histogram_latencies: false,
         }
     }
 }
@@ -72,10 +76,7 @@ impl MetricsOptions {
                         })
                         .collect::<Result<_, _>>()?;
                 }
-                // accepted for compatibility, no effect on CPU
-                "histogram_latencies" => {
-                    boolean(k, v)?;
-                }
+                "histogram_latencies" => o.histogram_latencies = boolean(k, v)?,
                 other => return Err(format!("--metrics-config: unknown key '{other}'")),
             }
         }
@@ -200,7 +201,11 @@ impl Metrics {
                 gauge!("nv_cpu_memory_used_bytes").set(used as f64);
             }
         });
-        self.recorder.handle().render()
+        let mut text = self.recorder.handle().render();
+        if self.options.histogram_latencies {
+            first_response_text(registry, &mut text);
+        }
+        text
     }
 
     /// CPU utilization (0..1) since the previous scrape (since boot on the first).
@@ -309,6 +314,56 @@ fn describe() {
     );
 }
 
+/// Appends every ready decoupled version's time-to-first-response histogram to `out`, in
+/// Prometheus's text format (cumulative buckets, `+Inf`, `_sum`, `_count`), as Triton's
+/// `--metrics-config histogram_latencies=true` shows them.
+fn first_response_text(registry: &Registry, out: &mut String) {
+    use std::fmt::Write as _;
+    const FAMILY: &str = wisp_core::config::metrics::FIRST_RESPONSE;
+    let mut rows = String::new();
+    for entry in registry.models().values() {
+        for state in entry.versions.values() {
+            let VersionState::Ready(m) = state else {
+                continue;
+            };
+            let Some(h) = &m.first_response else {
+                continue;
+            };
+            let s = h.snapshot();
+            let labels = format!(
+                "model=\"{}\",version=\"{}\"",
+                label_value(&m.name),
+                m.version
+            );
+            for (le, n) in &s.buckets {
+                let _ = writeln!(rows, "{FAMILY}_bucket{{{labels},le=\"{le}\"}} {n}");
+            }
+            let _ = writeln!(rows, "{FAMILY}_bucket{{{labels},le=\"+Inf\"}} {}", s.count);
+            let _ = writeln!(rows, "{FAMILY}_sum{{{labels}}} {}", s.sum_ms);
+            let _ = writeln!(rows, "{FAMILY}_count{{{labels}}} {}", s.count);
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "# HELP {FAMILY} Duration from request to first response in milliseconds"
+    );
+    let _ = writeln!(out, "# TYPE {FAMILY} histogram");
+    out.push_str(&rows);
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 /// (busy, total) jiffies from `/proc/stat`.
 fn cpu_times() -> Option<(u64, u64)> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
@@ -403,5 +458,13 @@ mod tests {
         assert_eq!(o.quantiles, vec![0.5, 0.99]);
         assert!(MetricsOptions::parse(&["nope=1".into()]).is_err());
         assert!(MetricsOptions::parse(&["summary_latencies=maybe".into()]).is_err());
+        assert!(!MetricsOptions::default().histogram_latencies);
+        let o = MetricsOptions::parse(&["histogram_latencies=true".into()]).unwrap();
+        assert!(o.histogram_latencies);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

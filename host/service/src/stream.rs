@@ -54,6 +54,10 @@ struct ChannelSink {
     finished: AtomicBool,
     /// The in-flight budget each queued response is charged to.
     budget: Arc<tokio::sync::Semaphore>,
+    /// When the request arrived, and whether a part has been queued since: the time to the
+    /// first is the model's `nv_inference_first_response_histogram_ms`.
+    received: Instant,
+    sent_any: AtomicBool,
 }
 
 impl std::fmt::Debug for ChannelSink {
@@ -66,6 +70,15 @@ impl std::fmt::Debug for ChannelSink {
 }
 
 impl ChannelSink {
+    /// Notes that a part was queued: the first one is the model's time to first response.
+    fn sent_part(&self) {
+        if !self.sent_any.swap(true, Ordering::Relaxed) {
+            if let Some(h) = &self.model.first_response {
+                h.observe(self.received.elapsed());
+            }
+        }
+    }
+
     fn answer(&self, response: InferResponse) -> Result<Answer> {
         let labels = |name: &str| self.model.labels.get(name).cloned();
         let wanted = if self.wanted.is_empty() {
@@ -126,6 +139,7 @@ impl ResponseSink for ChannelSink {
                 )))
             }
         }
+        self.sent_part();
         if last {
             self.finished.store(true, Ordering::SeqCst);
         }
@@ -195,6 +209,8 @@ impl Service {
             binary_default,
             finished: AtomicBool::new(false),
             budget: self.budget.clone(),
+            received,
+            sent_any: AtomicBool::new(false),
         });
         request.responses = Some(sink.clone() as Arc<dyn ResponseSink>);
         let trace = request.trace.clone();
@@ -220,6 +236,8 @@ impl Service {
             Err(e) => fail(e),
         };
         // A client that stopped reading does not hold the request (and its budget) forever.
-        let _ = tokio::time::timeout(FINAL_WAIT, tx.send(part)).await;
+        if let Ok(Ok(())) = tokio::time::timeout(FINAL_WAIT, tx.send(part)).await {
+            sink.sent_part();
+        }
     }
 }

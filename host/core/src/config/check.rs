@@ -113,6 +113,9 @@ fn check_kind(
             err(ensemble::FIELD.into(), p);
         }
     }
+    if let Err(p) = super::metrics::read(cfg) {
+        err(super::metrics::FIELD.into(), p);
+    }
     let sequence = match sequence::read(cfg) {
         Ok(seq) => seq,
         Err(problems) => {

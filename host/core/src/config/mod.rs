@@ -13,6 +13,7 @@ mod autocomplete;
 mod check;
 mod check_batching;
 pub mod ensemble;
+pub mod metrics;
 pub mod params;
 mod schema;
 pub mod sequence;
