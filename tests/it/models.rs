@@ -320,3 +320,78 @@ async fn tritons_onnxruntime_settings_load_or_are_refused_by_name() {
     );
     server.shutdown().await.unwrap();
 }
+
+/// `onnx.engine` picks one model's engine over the server's: a tiny model can run on tract
+/// (2.4x less compute than ONNX Runtime for add_sub, benches/2026-12-07-tiny-onnx.md) beside
+/// models that run on ONNX Runtime, with the same answers; a model that asks for ONNX Runtime
+/// where the server has none is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_may_choose_its_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, engine) in [
+        ("plain", None),
+        ("on_tract", Some("tract")),
+        ("on_ort", Some("onnxruntime")),
+    ] {
+        let to = dir.path().join(name);
+        wisp_tests::copy_dir(&fixture_repo().join("add_sub"), &to).unwrap();
+        let mut config = std::fs::read_to_string(to.join("config.pbtxt"))
+            .unwrap()
+            .replace("name: \"add_sub\"", &format!("name: \"{name}\""));
+        if let Some(e) = engine {
+            config.push_str(&format!(
+                "\nparameters {{ key: \"onnx.engine\" value {{ string_value: \"{e}\" }} }}\n"
+            ));
+        }
+        std::fs::write(to.join("config.pbtxt"), config).unwrap();
+    }
+    let body = json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": (0..16).map(|i| i as f32).collect::<Vec<_>>()},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
+    ]});
+    let want: Vec<f32> = (0..16).map(|i| i as f32 + 1.0).collect();
+
+    let server = start(dir.path(), OnnxEngine::Onnxruntime).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    for (model, engine) in [
+        ("plain", "onnxruntime"),
+        ("on_tract", "tract"),
+        ("on_ort", "onnxruntime"),
+    ] {
+        let meta = c.get(&format!("/v2/models/{model}")).await.unwrap().json();
+        assert_eq!(meta["parameters"]["engine"], engine, "{model}: {meta}");
+        let r = c
+            .post_json(&format!("/v2/models/{model}/infer"), &body)
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{model}");
+        assert_eq!(r.json()["outputs"][0]["data"], json!(want), "{model}");
+    }
+    drop(server);
+
+    let server = start(dir.path(), OnnxEngine::Tract).await;
+    let mut c = Client::connect(server.http_addr()).await.unwrap();
+    let index = c
+        .post_json("/v2/repository/index", &json!({}))
+        .await
+        .unwrap()
+        .json();
+    let row = |name: &str| {
+        index
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(row("plain")["state"], "READY");
+    assert_eq!(row("on_tract")["state"], "READY");
+    let refused = row("on_ort");
+    assert_eq!(refused["state"], "UNAVAILABLE", "{refused}");
+    let reason = refused["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("parameters.onnx.engine 'onnxruntime'") && reason.contains("tract"),
+        "{reason}"
+    );
+}

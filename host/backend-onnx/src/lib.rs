@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wisp_core::backend::{Backend, ExecTiming, Instance, LoadedModel};
+use wisp_core::config::params::{EngineRequest, OnnxOptions, ENGINE_KEY};
 use wisp_core::config::{IoSpec, ModelIo, ModelSpec, Signature};
 use wisp_core::tensor::{concat_batch, element_count, split_batch};
 use wisp_core::{DataType, Error, InferRequest, InferResponse, Result, Tensor};
@@ -129,7 +130,23 @@ impl Backend for OnnxBackend {
             .intra_op
             .unwrap_or((self.default_threads / instances).max(1));
         let inter = options.inter_op.unwrap_or(1);
-        let engine: Engine = match &self.ort {
+        // The model's own choice (`onnx.engine`) over the server's.
+        let ort = match options.engine {
+            None => self.ort.as_ref(),
+            Some(EngineRequest::Tract) => None,
+            Some(EngineRequest::OnnxRuntime) => Some(self.ort.as_ref().ok_or_else(|| {
+                Error::invalid(format!(
+                    "parameters.{ENGINE_KEY} 'onnxruntime': this server runs ONNX models on tract \
+                     only ({}); remove the parameter or serve with ONNX Runtime",
+                    if Self::HAS_ONNXRUNTIME {
+                        "--onnx-engine tract, or no ONNX Runtime library was found"
+                    } else {
+                        "an edge build without ONNX Runtime"
+                    }
+                ))
+            })?),
+        };
+        let engine: Engine = match ort {
             Some(ort) => {
                 known_wrong::refuse_known_wrong(&proto, known_wrong::KnownWrong::OnnxRuntime)?;
                 // Sessions are built from the bytes checked here, not from the path again.
@@ -138,7 +155,11 @@ impl Backend for OnnxBackend {
                 Engine::Ort(ort.prepare(model_file, bytes, intra, inter, options)?)
             }
             None => {
-                if *options != Default::default() {
+                let ort_settings = OnnxOptions {
+                    engine: None,
+                    ..options.clone()
+                };
+                if ort_settings != OnnxOptions::default() {
                     tracing::info!(
                         model = %config.name,
                         "tract runs this model: its ONNX Runtime settings do not apply"

@@ -20,7 +20,8 @@ mod onnx;
 use crate::datatype::DataType;
 pub use narrow::check_override_narrows;
 pub use onnx::{
-    Accelerator, ExecutionMode, GraphLevel, OnnxOptions, INTER_OP_KEY, INTRA_OP_KEY, MAX_OP_THREADS,
+    Accelerator, EngineRequest, ExecutionMode, GraphLevel, OnnxOptions, ENGINE_KEY, INTER_OP_KEY,
+    INTRA_OP_KEY, MAX_OP_THREADS,
 };
 
 /// Per-instance linear-memory cap (`wasm.memory_limit_mb`, default 256).

@@ -24,6 +24,9 @@ pub const MEM_PATTERN_KEY: &str = "enable_mem_pattern";
 pub const ARENA_SHRINKAGE_KEY: &str = "memory.enable_memory_arena_shrinkage";
 /// Initializers in the device allocator rather than the arena (`0`/`1`, a session option).
 pub const DEVICE_ALLOCATOR_KEY: &str = "session.use_device_allocator_for_initializers";
+/// Wisp's own key: the engine that runs this model (`tract` or `onnxruntime`), whatever the
+/// server's `--onnx-engine auto` picked for the others. Triton's backend ignores it.
+pub const ENGINE_KEY: &str = "onnx.engine";
 /// Settings of ONNX Runtime's CUDA provider, which Triton reads only for GPU instances.
 pub const GPU_ONLY_KEYS: [&str; 4] = [
     "cudnn_conv_algo_search",
@@ -59,6 +62,15 @@ pub enum GraphLevel {
     Disabled,
 }
 
+/// The engine a model asks for with [`ENGINE_KEY`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineRequest {
+    /// The embedded tract engine, even where ONNX Runtime is loaded.
+    Tract,
+    /// ONNX Runtime; the model is refused where the server has none.
+    OnnxRuntime,
+}
+
 /// A CPU execution accelerator the config asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accelerator {
@@ -88,6 +100,8 @@ pub struct OnnxOptions {
     pub device_allocator_for_initializers: Option<bool>,
     /// `optimization { graph { level } }`.
     pub graph_level: GraphLevel,
+    /// [`ENGINE_KEY`]: the engine this model runs on (`None`: the server's).
+    pub engine: Option<EngineRequest>,
     /// `optimization { execution_accelerators { cpu_execution_accelerator } }`.
     pub cpu_accelerators: Vec<Accelerator>,
     /// The GPU-only settings the config carries (CUDA provider keys, GPU accelerators by
@@ -140,6 +154,17 @@ impl OnnxOptions {
                 ))
             }
         };
+        let engine = match cfg.parameter_set(ENGINE_KEY) {
+            None => None,
+            Some("tract") => Some(EngineRequest::Tract),
+            Some("onnxruntime") => Some(EngineRequest::OnnxRuntime),
+            Some(v) => {
+                return Err(bad(
+                    ENGINE_KEY,
+                    format!("must be 'tract' or 'onnxruntime', got '{v}'"),
+                ))
+            }
+        };
         let optimization = cfg.other.get("optimization");
         let graph_level = graph_level(optimization)?;
         let accelerators = optimization.and_then(|o| o.get("execution_accelerators"));
@@ -169,6 +194,7 @@ impl OnnxOptions {
             arena_shrinkage: shrinkage,
             device_allocator_for_initializers: device_allocator,
             graph_level,
+            engine,
             cpu_accelerators,
             gpu_only,
         })

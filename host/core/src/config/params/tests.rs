@@ -90,6 +90,25 @@ fn bad_sandbox_values_name_the_key() {
 }
 
 #[test]
+fn a_model_may_name_its_onnx_engine() {
+    assert_eq!(OnnxOptions::of(&cfg(&[])).unwrap().engine, None);
+    for (v, want) in [
+        ("tract", EngineRequest::Tract),
+        (" onnxruntime ", EngineRequest::OnnxRuntime),
+    ] {
+        let o = OnnxOptions::of(&cfg(&[(ENGINE_KEY, v)])).unwrap();
+        assert_eq!(o.engine, Some(want), "{v}");
+    }
+    let e = OnnxOptions::of(&cfg(&[(ENGINE_KEY, "openvino")])).unwrap_err();
+    assert_eq!(e.path, "parameters.onnx.engine");
+    assert!(
+        e.message.contains("'tract' or 'onnxruntime'"),
+        "{}",
+        e.message
+    );
+}
+
+#[test]
 fn onnx_thread_counts_are_bounded() {
     assert_eq!(OnnxOptions::of(&cfg(&[])).unwrap(), OnnxOptions::default());
     let t = OnnxOptions::of(&cfg(&[(INTRA_OP_KEY, "2"), (INTER_OP_KEY, " 0 ")])).unwrap();
