@@ -84,18 +84,7 @@ async fn decoupled_models_have_a_first_response_histogram_with_their_buckets() {
     .await;
     let mut c = Client::connect(server.http_addr()).await.unwrap();
 
-    let index = c
-        .post_json("/v2/repository/index", &json!({}))
-        .await
-        .unwrap()
-        .json();
-    let row = index
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == "streamer_unordered")
-        .unwrap()
-        .clone();
+    let row = wisp_tests::index_row(&mut c, "streamer_unordered", None).await;
     assert_eq!(row["state"], "UNAVAILABLE", "{row}");
     let reason = row["reason"].as_str().unwrap();
     assert!(
@@ -107,13 +96,7 @@ async fn decoupled_models_have_a_first_response_histogram_with_their_buckets() {
     stream_once(&mut c, "streamer").await;
     stream_once(&mut c, "streamer_buckets").await;
     let r = c
-        .post_json(
-            "/v2/models/add_sub/infer",
-            &json!({"inputs": [
-                {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
-                {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
-            ]}),
-        )
+        .post_json("/v2/models/add_sub/infer", &wisp_tests::add_sub_json())
         .await
         .unwrap();
     assert_eq!(r.status, 200);

@@ -371,23 +371,15 @@ async fn a_model_may_choose_its_engine() {
 
     let server = start(dir.path(), OnnxEngine::Tract).await;
     let mut c = Client::connect(server.http_addr()).await.unwrap();
-    let index = c
-        .post_json("/v2/repository/index", &json!({}))
-        .await
-        .unwrap()
-        .json();
-    let row = |name: &str| {
-        index
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap()
-            .clone()
-    };
-    assert_eq!(row("plain")["state"], "READY");
-    assert_eq!(row("on_tract")["state"], "READY");
-    let refused = row("on_ort");
+    assert_eq!(
+        wisp_tests::index_row(&mut c, "plain", None).await["state"],
+        "READY"
+    );
+    assert_eq!(
+        wisp_tests::index_row(&mut c, "on_tract", None).await["state"],
+        "READY"
+    );
+    let refused = wisp_tests::index_row(&mut c, "on_ort", None).await;
     assert_eq!(refused["state"], "UNAVAILABLE", "{refused}");
     let reason = refused["reason"].as_str().unwrap();
     assert!(

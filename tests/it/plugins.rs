@@ -983,21 +983,6 @@ fn steady_load(
         .collect()
 }
 
-async fn index_row(c: &mut Client, model: &str, version: &str) -> Value {
-    let index = c
-        .send("POST", "/v2/repository/index", &[], "{}")
-        .await
-        .unwrap()
-        .json();
-    index
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == model && r["version"] == version)
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
 async fn metric(addr: std::net::SocketAddr, line_start: &str) -> Option<f64> {
     let mut m = Client::connect(addr).await.unwrap();
     let text = String::from_utf8(m.get("/metrics").await.unwrap().body.to_vec()).unwrap();
@@ -1058,7 +1043,7 @@ async fn sla_guarded_rollout_rolls_back_a_failing_version_and_keeps_a_healthy_on
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let mut row = Value::Null;
     while swapped.elapsed() < Duration::from_secs(20) {
-        row = index_row(&mut c, "guarded", "2").await;
+        row = wisp_tests::index_row(&mut c, "guarded", Some("2")).await;
         if row["state"] == "UNAVAILABLE" {
             break;
         }
@@ -1068,7 +1053,7 @@ async fn sla_guarded_rollout_rolls_back_a_failing_version_and_keeps_a_healthy_on
     let why = row["reason"].as_str().unwrap_or_default().to_string();
     assert!(why.starts_with("rolled back: the new version (2)"), "{row}");
     assert!(why.contains("error rate"), "{why}");
-    let good = index_row(&mut c, "guarded", "1").await;
+    let good = wisp_tests::index_row(&mut c, "guarded", Some("1")).await;
     assert_eq!(good["state"], "READY", "{good}");
     // Remembered in --state-dir, so a restart would not serve version 2 again.
     assert!(remembered().contains("\"guarded\""), "{}", remembered());
@@ -1094,7 +1079,7 @@ async fn sla_guarded_rollout_rolls_back_a_failing_version_and_keeps_a_healthy_on
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(metric(metrics, kept).await, Some(1.0));
-    let current = index_row(&mut c, "guarded", "3").await;
+    let current = wisp_tests::index_row(&mut c, "guarded", Some("3")).await;
     assert_eq!(current["state"], "READY", "{current}");
     // New files: the record is forgotten.
     assert!(!remembered().contains("\"guarded\""), "{}", remembered());

@@ -310,6 +310,22 @@ impl GrpcClient {
     }
 }
 
+/// The repository index row of `model` (at `version`, else its first row), or `Null`.
+pub async fn index_row(c: &mut Client, model: &str, version: Option<&str>) -> serde_json::Value {
+    let index = c
+        .send("POST", "/v2/repository/index", &[], "{}")
+        .await
+        .expect("the repository index answers")
+        .json();
+    index
+        .as_array()
+        .expect("the index is a list")
+        .iter()
+        .find(|r| r["name"] == model && version.is_none_or(|v| r["version"] == v))
+        .cloned()
+        .unwrap_or(serde_json::Value::Null)
+}
+
 /// A KServe JSON body for the fixture `add_sub`: one row of twos and one of ones.
 pub fn add_sub_json() -> serde_json::Value {
     serde_json::json!({
