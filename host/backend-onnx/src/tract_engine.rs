@@ -232,11 +232,12 @@ impl TractModel {
     /// computes wrongly.
     pub(crate) fn load(
         file: &Path,
-        proto: pb::ModelProto,
+        mut proto: pb::ModelProto,
         io: &ModelIo,
         spec: &Spec,
     ) -> Result<Self> {
         crate::known_wrong::refuse_known_wrong(&proto, crate::known_wrong::KnownWrong::Tract)?;
+        drop_symbolic_value_info(&mut proto);
         // Built from the bytes read and checked once (tract's own path loader maps the file);
         // external data, if any, is looked up beside the file as tract does.
         let cannot = |e: &dyn std::fmt::Display| {
@@ -294,6 +295,29 @@ impl TractModel {
             .insert(key.clone(), plan.clone());
         Ok(plan)
     }
+}
+
+/// Drops the graph's `value_info` hints that name a symbolic dimension. Each plan fixes the
+/// inputs' shapes, and tract keeps a hint's symbol (`n`, say) apart from the batch size the
+/// plan sets, so a hint `[n, 8]` on an intermediate tensor cannot unify with the `[1, 8]` it
+/// computes: the model could not be planned at all. ONNX Runtime's tools (its quantizer among
+/// them) write such hints; tract infers every shape without them.
+fn drop_symbolic_value_info(proto: &mut pb::ModelProto) {
+    use pb::tensor_shape_proto::dimension::Value as Dim;
+    use pb::type_proto::Value;
+    let Some(graph) = proto.graph.as_mut() else {
+        return;
+    };
+    graph.value_info.retain(|info| {
+        let dims = match info.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(Value::TensorType(t)) => t.shape.as_ref().map(|s| s.dim.as_slice()),
+            _ => None,
+        };
+        !dims
+            .unwrap_or_default()
+            .iter()
+            .any(|d| matches!(d.value, Some(Dim::DimParam(_))))
+    });
 }
 
 /// Inlines each `If` node whose condition is known once the input shapes are, in place of the
@@ -531,5 +555,48 @@ mod tests {
             .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
             .collect();
         assert_eq!(values, [1, 126, (1 << 40) + 255]);
+    }
+
+    #[test]
+    fn value_info_with_a_symbolic_dimension_is_dropped_and_the_rest_kept() {
+        use pb::tensor_shape_proto::{dimension::Value as Dim, Dimension};
+        let info = |name: &str, dims: Vec<Dim>| pb::ValueInfoProto {
+            name: name.into(),
+            r#type: Some(pb::TypeProto {
+                value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                    elem_type: 1,
+                    shape: Some(pb::TensorShapeProto {
+                        dim: dims
+                            .into_iter()
+                            .map(|v| Dimension {
+                                value: Some(v),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut proto = pb::ModelProto {
+            graph: Some(pb::GraphProto {
+                value_info: vec![
+                    info("h", vec![Dim::DimParam("n".into()), Dim::DimValue(8)]),
+                    info("fixed", vec![Dim::DimValue(1), Dim::DimValue(8)]),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        drop_symbolic_value_info(&mut proto);
+        let kept: Vec<_> = proto
+            .graph
+            .unwrap()
+            .value_info
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        assert_eq!(kept, ["fixed"]);
     }
 }
