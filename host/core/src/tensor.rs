@@ -112,6 +112,40 @@ impl Tensor {
         Ok(self.data.chunks_exact(T::SIZE).map(T::read_le).collect())
     }
 
+    /// The elements as `f64` whatever their numeric datatype (classification, and the gate's
+    /// comparisons), `None` for BYTES.
+    pub fn to_f64s(&self) -> Option<Vec<f64>> {
+        let d = &self.data;
+        macro_rules! conv {
+            ($t:ty, $n:expr) => {
+                d.chunks_exact($n)
+                    .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk")) as f64)
+                    .collect()
+            };
+        }
+        Some(match self.datatype {
+            DataType::Bool | DataType::Uint8 => d.iter().map(|&b| b as f64).collect(),
+            DataType::Int8 => d.iter().map(|&b| b as i8 as f64).collect(),
+            DataType::Uint16 => conv!(u16, 2),
+            DataType::Int16 => conv!(i16, 2),
+            DataType::Uint32 => conv!(u32, 4),
+            DataType::Int32 => conv!(i32, 4),
+            DataType::Uint64 => conv!(u64, 8),
+            DataType::Int64 => conv!(i64, 8),
+            DataType::Fp32 => conv!(f32, 4),
+            DataType::Fp64 => conv!(f64, 8),
+            DataType::Fp16 => d
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            DataType::Bf16 => d
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            DataType::Bytes => return None,
+        })
+    }
+
     /// The elements of a BYTES tensor.
     pub fn strings(&self) -> Result<Vec<&[u8]>> {
         if self.datatype != DataType::Bytes {

@@ -37,6 +37,8 @@ pub struct ModelVersion {
     /// Time to first response, for a decoupled model (Triton's
     /// `nv_inference_first_response_histogram_ms`, buckets from its `model_metrics`).
     pub first_response: Option<Arc<super::first_response::FirstResponse>>,
+    /// What its gate measured against the version it replaced, when it passed one.
+    pub gate: Option<Arc<super::gate::Report>>,
     /// What it has served, for judging its SLA (present when it declares one).
     pub(super) probe: Option<Arc<super::rollout::Probe>>,
     pub(super) scheduler: Arc<Scheduler>,
@@ -210,6 +212,8 @@ pub struct ModelEntry {
     pub versions: BTreeMap<u64, VersionState>,
     /// Why the whole model failed (bad config, no versions...), if it did.
     pub error: Option<String>,
+    /// The versions this load judged by their gate, passed or not.
+    pub gated: Vec<super::gate::Outcome>,
 }
 
 impl ModelEntry {
@@ -218,6 +222,7 @@ impl ModelEntry {
             name: name.to_string(),
             versions: BTreeMap::new(),
             error: Some(reason.to_string()),
+            gated: Vec::new(),
         }
     }
 

@@ -6,6 +6,8 @@
 //! - [`load`]: preparing a config and loading one model's versions;
 //! - `resize`: growing or shrinking an instance pool in place;
 //! - [`warmup`]: `model_warmup` samples;
+//! - [`gate`]: a new version's answers and latency checked against the version it replaces
+//!   before it serves;
 //! - [`rollout`]: the SLA watch after a reload, and the swap back on a breach;
 //! - [`fingerprint`](mod@fingerprint): what poll mode compares;
 //! - [`ensemble`], [`caller`]: the ensemble backend, and the way plugins and ensemble steps
@@ -23,6 +25,7 @@ pub mod ensemble;
 pub mod entry;
 pub mod fingerprint;
 pub mod first_response;
+pub mod gate;
 pub mod host_policy;
 mod lifecycle;
 pub mod load;

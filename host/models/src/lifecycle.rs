@@ -219,10 +219,25 @@ impl Registry {
         if !skip.is_empty() {
             tracing::warn!(model = %dir.name, versions = ?skip, "versions rolled back for breaching their SLA are withheld until their files change");
         }
+        let previous = self
+            .models
+            .read()
+            .expect("registry lock")
+            .get(&dir.name)
+            .cloned();
         let mut entry = match &refused {
             Some(why) => ModelEntry::broken(&dir.name, why),
-            None => load_model(dir, self.backend.as_ref(), &self.opts, config_json, skip),
+            None => load_model(
+                dir,
+                self.backend.as_ref(),
+                &self.opts,
+                config_json,
+                skip,
+                previous.as_deref(),
+            ),
         };
+        drop(previous);
+        self.record_gates(dir, &slot, &entry, withheld.as_ref(), config_json);
         let mut models = self.models.write().expect("registry lock");
         // Checked again against what is loaded now: a concurrent load of a step may have
         // closed a cycle since the check above. (What was loaded is dropped at the end, after
@@ -278,6 +293,41 @@ impl Registry {
                 dir.name
             )))
         }
+    }
+
+    /// Counts the gates `entry`'s load judged, and withholds the versions that failed while
+    /// the model's files stay as they are (across restarts with `--state-dir`), so that a
+    /// restart or a poll does not serve them ungated. A load from a config override is not
+    /// remembered: its config is not the repository's.
+    fn record_gates(
+        &self,
+        dir: &ModelDir,
+        slot: &Slot,
+        entry: &ModelEntry,
+        withheld: Option<&withheld::Record>,
+        config_json: Option<&str>,
+    ) {
+        let failed: Vec<&gate::Outcome> =
+            entry.gated.iter().filter(|o| !o.report.passed()).collect();
+        {
+            let mut counts = slot.counts.lock().expect("counts");
+            counts.gate_passed += (entry.gated.len() - failed.len()) as u64;
+            counts.gate_failed += failed.len() as u64;
+        }
+        if failed.is_empty() || config_json.is_some() {
+            return;
+        }
+        let mut versions: Vec<u64> = withheld.map(|r| r.versions.clone()).unwrap_or_default();
+        versions.extend(failed.iter().map(|o| o.version));
+        versions.sort_unstable();
+        versions.dedup();
+        let reason = failed
+            .iter()
+            .map(|o| format!("version {} {}", o.version, gate::failure_reason(&o.report)))
+            .collect::<Vec<_>>()
+            .join("; ");
+        self.withheld
+            .remember(&dir.name, &dir.path, versions, &reason);
     }
 
     /// The ensemble cycle that loading `dir` with `config_json` would close (see [`cycle`]):

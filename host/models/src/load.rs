@@ -9,7 +9,7 @@ use std::time::Instant;
 use wisp_core::backend::{Backend, Instance};
 use wisp_core::config::{self, ModelConfig, ModelSpec, Signature};
 use wisp_core::repository::{self, ModelDir};
-use wisp_core::{DataType, Error, Result};
+use wisp_core::{DataType, Error, InferRequest, Result};
 use wisp_scheduler::sequence::Sequencer;
 use wisp_scheduler::{Observer, Policy, Scheduler};
 
@@ -42,7 +42,8 @@ pub struct LoadOptions {
 }
 
 /// Loads one model, leaving out the versions in `withheld`; failures are recorded in the
-/// entry, never returned. Failure reasons reach
+/// entry, never returned. A version its gate covers is judged against its baseline (see
+/// [`crate::gate`]; `previous` is what serves the model now) before the entry is returned. Failure reasons reach
 /// any client (the repository index, readiness errors), so paths in them are made relative to
 /// the repository. A panic while loading (a compiler's internal error on a component, say)
 /// fails this model only, never the server.
@@ -52,9 +53,10 @@ pub(super) fn load_model(
     opts: &LoadOptions,
     config_json: Option<&str>,
     withheld: &[u64],
+    previous: Option<&ModelEntry>,
 ) -> ModelEntry {
     let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        load_model_inner(dir, backend, opts, config_json, withheld)
+        load_model_inner(dir, backend, opts, config_json, withheld, previous)
     }));
     let mut entry = loaded.unwrap_or_else(|payload| {
         let what = payload
@@ -85,6 +87,11 @@ pub(super) fn load_model(
     if let Some(e) = entry.error.as_mut() {
         scrub(e);
     }
+    for o in &mut entry.gated {
+        let mut report = (*o.report).clone();
+        report.failures.iter_mut().for_each(&scrub);
+        o.report = Arc::new(report);
+    }
     for state in entry.versions.values_mut() {
         if let VersionState::Unavailable(r) = state {
             scrub(r);
@@ -99,6 +106,7 @@ fn load_model_inner(
     opts: &LoadOptions,
     config_json: Option<&str>,
     withheld: &[u64],
+    previous: Option<&ModelEntry>,
 ) -> ModelEntry {
     let start = Instant::now();
     let name = dir.name.as_str();
@@ -152,42 +160,71 @@ fn load_model_inner(
         Ok(v) => v,
         Err(e) => return ModelEntry::broken(name, e),
     };
-    let mut versions = BTreeMap::new();
-    for v in selected {
+    // Loads one version, its signature checked before anything reads its files (once: the
+    // version auto-complete read is checked already).
+    let load_one = |v: u64| {
         let observer = opts.observers.as_ref().and_then(|o| o.observer(name, v));
-        // The signature is checked before anything reads the version's files (once: the
-        // version auto-complete read is checked already).
         let checked = match opts.verification.as_ref().filter(|_| verified != Some(v)) {
             Some(ver) => ver
                 .check(&dir.path, &dir.name, v)
                 .map_err(|why| Error::invalid(format!("integrity check failed: {why}"))),
             None => Ok(()),
         };
-        let loaded =
-            checked.and_then(|()| load_version(dir, v, &spec, &labels, backend, observer, opts));
-        let state = match loaded {
-            Ok(m) => {
-                tracing::info!(
-                    model = name,
-                    version = v,
-                    engine = %m.engine,
-                    secs = start.elapsed().as_secs_f64(),
-                    "model version ready"
-                );
-                VersionState::Ready(Arc::new(m))
-            }
+        checked.and_then(|()| load_version(dir, v, &spec, &labels, backend, observer, opts))
+    };
+    let mut loaded = BTreeMap::new();
+    for v in selected {
+        let version = load_one(v);
+        match &version {
+            Ok(m) => tracing::info!(
+                model = name,
+                version = v,
+                engine = %m.engine,
+                secs = start.elapsed().as_secs_f64(),
+                "model version ready"
+            ),
             Err(e) => {
-                tracing::error!(model = name, version = v, error = %e, "model version failed to load");
-                VersionState::Unavailable(e.to_string())
+                tracing::error!(model = name, version = v, error = %e, "model version failed to load")
             }
-        };
-        versions.insert(v, state);
+        }
+        loaded.insert(v, version);
     }
+    let gated = match &spec.params.gate {
+        Some(gate) => match held_out(dir, cfg, &spec.signature) {
+            Ok(samples) => {
+                crate::gate::apply(name, gate, &samples, &mut loaded, previous, load_one)
+            }
+            Err(e) => return ModelEntry::broken(name, e),
+        },
+        None => Vec::new(),
+    };
+    let versions = loaded
+        .into_iter()
+        .map(|(v, m)| {
+            let state = match m {
+                Ok(m) => VersionState::Ready(Arc::new(m)),
+                Err(e) => VersionState::Unavailable(e.to_string()),
+            };
+            (v, state)
+        })
+        .collect();
     ModelEntry {
         name: name.to_string(),
         versions,
         error: None,
+        gated,
     }
+}
+
+/// A gate's held-out inputs: the model's `model_warmup` samples, as requests.
+fn held_out(dir: &ModelDir, cfg: &ModelConfig, sig: &Signature) -> Result<Vec<InferRequest>> {
+    cfg.model_warmup
+        .iter()
+        .map(|sample| {
+            super::warmup::warmup_request(&dir.path, sig, sample)
+                .map_err(|e| e.context(format!("gate: held-out sample '{}'", sample.name)))
+        })
+        .collect()
 }
 
 /// Reads, normalizes, auto-completes and validates one model's config into its spec (what
@@ -434,6 +471,7 @@ fn load_version(
         loaded_at: std::time::SystemTime::now(),
         params: spec.params.clone(),
         first_response,
+        gate: None,
         probe,
         scheduler,
         sequencer,

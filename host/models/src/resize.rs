@@ -125,6 +125,7 @@ impl Registry {
                     composing: m.composing.clone(),
                     params: m.params.clone(),
                     first_response: m.first_response.clone(),
+                    gate: m.gate.clone(),
                     probe: m.probe.clone(),
                     scheduler: m.scheduler.clone(),
                     sequencer: m.sequencer.clone(),
@@ -139,6 +140,7 @@ impl Registry {
                 name: dir.name.clone(),
                 versions,
                 error: None,
+                gated: Vec::new(),
             }),
         );
         Some(Ok(()))

@@ -342,6 +342,10 @@ pub struct LifecycleCounts {
     pub rollbacks: u64,
     /// New versions kept after their SLA window.
     pub kept: u64,
+    /// New versions that passed their gate.
+    pub gate_passed: u64,
+    /// New versions kept out by their gate.
+    pub gate_failed: u64,
 }
 
 #[cfg(test)]

@@ -54,7 +54,11 @@ fn pseudo_random_bytes(n: usize, mut seed: u64) -> Vec<u8> {
         .collect()
 }
 
-fn warmup_request(model_dir: &Path, sig: &Signature, sample: &ModelWarmup) -> Result<InferRequest> {
+pub(super) fn warmup_request(
+    model_dir: &Path,
+    sig: &Signature,
+    sample: &ModelWarmup,
+) -> Result<InferRequest> {
     let mut inputs = Vec::new();
     for (name, w) in &sample.inputs {
         let c = sig

@@ -191,6 +191,8 @@ impl Metrics {
                 counter!("wisp_model_load_failure_total", &l).absolute(c.load_failures);
                 counter!("wisp_model_rollback_total", &l).absolute(c.rollbacks);
                 counter!("wisp_model_rollout_kept_total", &l).absolute(c.kept);
+                counter!("wisp_model_gate_passed_total", &l).absolute(c.gate_passed);
+                counter!("wisp_model_gate_failed_total", &l).absolute(c.gate_failed);
                 gauge!("wisp_model_sla_watch", &l).set(if watching { 1.0 } else { 0.0 });
             }
             if let Some(u) = self.cpu_utilization() {
@@ -236,6 +238,14 @@ fn describe() {
     describe_counter!(
         "wisp_model_rollout_kept_total",
         "New versions kept after holding their SLA through the watch window"
+    );
+    describe_counter!(
+        "wisp_model_gate_passed_total",
+        "New versions that kept their gate (gate.* parameters) against the version they replace before serving"
+    );
+    describe_counter!(
+        "wisp_model_gate_failed_total",
+        "New versions kept out of service because their answers or latency broke their gate (gate.* parameters)"
     );
     describe_gauge!(
         "wisp_model_sla_watch",

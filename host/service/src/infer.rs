@@ -294,42 +294,9 @@ impl Service {
     }
 }
 
-/// Elements of a tensor as f64 (for classification), `None` for BYTES.
-fn as_f64s(t: &Tensor) -> Option<Vec<f64>> {
-    let d = &t.data;
-    macro_rules! conv {
-        ($t:ty, $n:expr) => {
-            d.chunks_exact($n)
-                .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk")) as f64)
-                .collect()
-        };
-    }
-    Some(match t.datatype {
-        DataType::Bool | DataType::Uint8 => d.iter().map(|&b| b as f64).collect(),
-        DataType::Int8 => d.iter().map(|&b| b as i8 as f64).collect(),
-        DataType::Uint16 => conv!(u16, 2),
-        DataType::Int16 => conv!(i16, 2),
-        DataType::Uint32 => conv!(u32, 4),
-        DataType::Int32 => conv!(i32, 4),
-        DataType::Uint64 => conv!(u64, 8),
-        DataType::Int64 => conv!(i64, 8),
-        DataType::Fp32 => conv!(f32, 4),
-        DataType::Fp64 => conv!(f64, 8),
-        DataType::Fp16 => d
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        DataType::Bf16 => d
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        DataType::Bytes => return None,
-    })
-}
-
 /// The classification extension: top-`n` of each batch row as `"<value>:<index>[:<label>]"`.
 pub fn classify(t: &Tensor, n: usize, batched: bool, labels: Option<&[String]>) -> Result<Tensor> {
-    let values = as_f64s(t).ok_or_else(|| {
+    let values = t.to_f64s().ok_or_else(|| {
         Error::invalid(format!(
             "output '{}': classification needs a numeric output, it is BYTES",
             t.name

@@ -44,6 +44,9 @@ pub struct ModelMetadata {
     pub outputs: Vec<TensorMetadata>,
     /// The engine serving the version (Wisp-specific, HTTP `parameters.engine`).
     pub engine: String,
+    /// What the version's gate measured against the version it replaced, when it passed one
+    /// (Wisp-specific, HTTP `parameters.gate`).
+    pub gate: Option<String>,
 }
 
 /// A count and a total duration.
@@ -218,6 +221,7 @@ impl Service {
                 .map(|t| tensor_metadata(t, sig.batches()))
                 .collect(),
             engine: m.engine.clone(),
+            gate: m.gate.as_ref().map(|g| format!("passed {g}")),
         })
     }
 

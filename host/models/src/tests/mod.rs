@@ -85,6 +85,17 @@ impl Instance for FakeInstance {
                 if self.0.starts_with("fail") {
                     return Err(Error::internal("this version fails on purpose"));
                 }
+                // "[slow ]scores 0.1 0.9 ...": those numbers as one FP32 row, `SCORES`.
+                if let Some(list) = self.0.trim_start_matches("slow ").strip_prefix("scores") {
+                    let v: Vec<f32> = list
+                        .split_whitespace()
+                        .map(|x| x.parse().unwrap())
+                        .collect();
+                    let shape = vec![1, v.len() as i64];
+                    return Ok(InferResponse::new(vec![Tensor::from_values(
+                        "SCORES", shape, &v,
+                    )?]));
+                }
                 let data = encode_bytes_elements([self.0.as_bytes()]);
                 Ok(InferResponse::new(vec![Tensor::new(
                     "TAG",
@@ -449,6 +460,7 @@ fn unload_dependents_unloads_what_only_the_ensemble_used() {
 }
 
 mod fake_steps;
+mod gate;
 mod sla;
 
 fn counts(r: &Registry, name: &str) -> rollout::LifecycleCounts {

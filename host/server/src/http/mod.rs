@@ -194,13 +194,17 @@ fn tensor_json(t: &TensorMetadata) -> Value {
 
 fn model_metadata(app: &AppState, model: &str, version: Option<&str>) -> ApiResult {
     let m = app.service.model_metadata(model, version)?;
+    let mut parameters = json!({ "engine": m.engine });
+    if let Some(gate) = m.gate {
+        parameters["gate"] = json!(gate);
+    }
     Ok(json_response(json!({
         "name": m.name,
         "versions": m.versions,
         "platform": m.platform,
         "inputs": m.inputs.iter().map(tensor_json).collect::<Vec<_>>(),
         "outputs": m.outputs.iter().map(tensor_json).collect::<Vec<_>>(),
-        "parameters": { "engine": m.engine },
+        "parameters": parameters,
     })))
 }
 

@@ -1,5 +1,6 @@
 //! The typed form of a config's `parameters` that Wisp itself reads: a plugin's sandbox
-//! (`wasm.*`), the embeddings API mapping (`openai.*`) and a rollout's SLA (`sla.*`).
+//! (`wasm.*`), the embeddings API mapping (`openai.*`), a rollout's SLA (`sla.*`) and a new
+//! version's gate (`gate.*`).
 //!
 //! [`super::validate`] reads them once, with the rest of the config, and reports a malformed
 //! value as a config error naming `parameters.<key>`; the backends and the server then take
@@ -15,9 +16,14 @@ use std::time::Duration;
 
 use super::{ConfigError, ModelConfig};
 
+mod gate;
 mod narrow;
 mod onnx;
 use crate::datatype::DataType;
+pub use gate::{
+    Gate, BASELINE_KEY, MAX_ABS_DIFF_KEY, MAX_LATENCY_RATIO_KEY, MIN_COSINE_KEY, MIN_TOP1_KEY,
+    ROUNDS_KEY,
+};
 pub use narrow::check_override_narrows;
 pub use onnx::{
     Accelerator, EngineRequest, ExecutionMode, GraphLevel, OnnxOptions, ENGINE_KEY, INTER_OP_KEY,
@@ -84,6 +90,9 @@ pub struct Params {
     pub embeddings: Option<Arc<EmbeddingApi>>,
     /// The SLA a new version is watched against, when the config declares one.
     pub sla: Option<Sla>,
+    /// What a new version must keep against the one it replaces before it serves, when the
+    /// config declares a gate.
+    pub gate: Option<Gate>,
 }
 
 /// Reads every group of `cfg`'s parameters, pushing one error per malformed group to `errs`.
@@ -113,11 +122,13 @@ pub(super) fn read(
     };
     let embeddings = ok(EmbeddingApi::of(cfg), errs).flatten().map(Arc::new);
     let sla = ok(Sla::of(cfg), errs).flatten();
+    let gate = ok(Gate::of(cfg), errs).flatten();
     Params {
         sandbox,
         onnx,
         embeddings,
         sla,
+        gate,
     }
 }
 

@@ -242,3 +242,87 @@ fn a_load_request_may_keep_a_plugin_off_callers_threads_but_not_put_it_back() {
     let e = check_override_narrows(&off, &on, &sandbox(&on), dir).unwrap_err();
     assert!(e.message().contains(ON_CALLER_KEY), "{}", e.message());
 }
+
+fn warmed(params: &[(&str, &str)]) -> ModelConfig {
+    let mut c = cfg(params);
+    c.model_warmup.push(crate::config::ModelWarmup {
+        name: "held-out".into(),
+        ..Default::default()
+    });
+    c
+}
+
+#[test]
+fn a_gate_is_read_with_its_bounds_and_defaults() {
+    assert_eq!(Gate::of(&warmed(&[])).unwrap(), None);
+    let g = Gate::of(&warmed(&[
+        (MIN_COSINE_KEY, "0.99"),
+        (MAX_LATENCY_RATIO_KEY, "1.2"),
+    ]))
+    .unwrap()
+    .unwrap();
+    assert_eq!(g.min_cosine, Some(0.99));
+    assert_eq!(g.max_latency_ratio, Some(1.2));
+    assert_eq!((g.min_top1, g.max_abs_diff, g.baseline), (None, None, None));
+    assert_eq!(g.rounds, 5);
+    let g = Gate::of(&warmed(&[
+        (MIN_TOP1_KEY, "1"),
+        (MAX_ABS_DIFF_KEY, "0"),
+        (BASELINE_KEY, "3"),
+        (ROUNDS_KEY, "100"),
+    ]))
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        (g.min_top1, g.max_abs_diff, g.baseline, g.rounds),
+        (Some(1.0), Some(0.0), Some(3), 100)
+    );
+}
+
+#[test]
+fn a_gate_value_out_of_bounds_is_refused_naming_its_key() {
+    for (key, value) in [
+        (MIN_COSINE_KEY, "1.01"),
+        (MIN_COSINE_KEY, "NaN"),
+        (MIN_TOP1_KEY, "-0.1"),
+        (MAX_ABS_DIFF_KEY, "inf"),
+        (MAX_ABS_DIFF_KEY, "-1"),
+        (MAX_LATENCY_RATIO_KEY, "0"),
+        (MAX_LATENCY_RATIO_KEY, "1e9"),
+        (BASELINE_KEY, "0"),
+        (BASELINE_KEY, "9223372036854775808"),
+        (ROUNDS_KEY, "0"),
+        (ROUNDS_KEY, "101"),
+    ] {
+        let e = Gate::of(&warmed(&[(MIN_COSINE_KEY, "0.9"), (key, value)])).unwrap_err();
+        assert_eq!(e.path, format!("parameters.{key}"), "{key}={value}");
+        assert!(e.message.contains(value), "{e:?}");
+    }
+    // A baseline or rounds without a bound to judge is a mistake, not a gate.
+    let e = Gate::of(&warmed(&[(ROUNDS_KEY, "3")])).unwrap_err();
+    assert_eq!(e.path, format!("parameters.{ROUNDS_KEY}"));
+}
+
+#[test]
+fn a_gate_needs_held_out_inputs_and_one_response_per_request() {
+    let e = Gate::of(&cfg(&[(MIN_TOP1_KEY, "0.9")])).unwrap_err();
+    assert_eq!(e.path, format!("parameters.{MIN_TOP1_KEY}"));
+    assert!(e.message.contains("model_warmup"), "{e:?}");
+    let mut decoupled = warmed(&[(MIN_TOP1_KEY, "0.9")]);
+    decoupled.other.insert(
+        crate::config::TRANSACTION_POLICY.into(),
+        serde_json::json!({ "decoupled": true }),
+    );
+    assert!(Gate::of(&decoupled)
+        .unwrap_err()
+        .message
+        .contains("decoupled"));
+    let mut stateful = warmed(&[(MIN_TOP1_KEY, "0.9")]);
+    stateful
+        .other
+        .insert(crate::config::sequence::FIELD.into(), serde_json::json!({}));
+    assert!(Gate::of(&stateful)
+        .unwrap_err()
+        .message
+        .contains("stateful"));
+}
