@@ -47,6 +47,21 @@ fn tract_gets_wrong(node: &pb::NodeProto, graph: &GraphFacts) -> Option<String> 
             "an input computed from an infinite constant (a row of -inf reduces to the lowest finite float, not -inf)"
                 .to_string()
         }
+        // tract fuses DequantizeLinear → Softmax → QuantizeLinear into a quantized softmax
+        // whose answers saturate (every class 1.0 in a QDQ classifier from ONNX Runtime's
+        // quantizer); a float softmax between float tensors is right.
+        "Softmax"
+            if node
+                .input
+                .first()
+                .is_some_and(|x| graph.dequantized.contains(x.as_str()))
+                && node
+                    .output
+                    .first()
+                    .is_some_and(|y| graph.quantized.contains(y.as_str())) =>
+        {
+            "a dequantized input and a quantized output (a QDQ softmax)".to_string()
+        }
         _ => return None,
     };
     Some(format!(
@@ -123,6 +138,10 @@ struct GraphFacts<'a> {
     constants: std::collections::HashMap<&'a str, &'a pb::TensorProto>,
     /// Tensors computed (at any distance) from a FLOAT constant holding an infinity.
     from_infinity: std::collections::HashSet<&'a str>,
+    /// Outputs of `DequantizeLinear` nodes.
+    dequantized: std::collections::HashSet<&'a str>,
+    /// Tensors a `QuantizeLinear` node quantizes.
+    quantized: std::collections::HashSet<&'a str>,
 }
 
 impl<'a> GraphFacts<'a> {
@@ -149,10 +168,20 @@ impl<'a> GraphFacts<'a> {
                 })
             })
             .filter_map(|n| n.output.first().map(String::as_str));
+        let first = |op: &'static str, of: fn(&'a pb::NodeProto) -> Option<&'a String>| {
+            graph
+                .node
+                .iter()
+                .filter(move |n| n.op_type == op)
+                .filter_map(of)
+                .map(String::as_str)
+        };
         let mut facts = GraphFacts {
             has_fp16,
             constants,
             from_infinity: Default::default(),
+            dequantized: first("DequantizeLinear", |n| n.output.first()).collect(),
+            quantized: first("QuantizeLinear", |n| n.input.first()).collect(),
         };
         let infinite: Vec<&str> = facts
             .constants
@@ -334,5 +363,36 @@ mod tests {
         let mut dynamic = resize(&[2.0]);
         dynamic.graph.as_mut().unwrap().initializer.clear();
         assert!(refuse_known_wrong(&dynamic, KnownWrong::OnnxRuntime).is_err());
+    }
+
+    /// A softmax between a DequantizeLinear and a QuantizeLinear (a QDQ classifier's last
+    /// step) is refused on tract; a float softmax, or one that only reads dequantized values,
+    /// is served.
+    #[test]
+    fn a_qdq_softmax_is_refused_on_tract() {
+        let qdq = model(
+            vec![
+                node("DequantizeLinear", &["a", "s", "z"], &["b"], vec![]),
+                node("Softmax", &["b"], &["p"], vec![]),
+                node("QuantizeLinear", &["p", "s2", "z2"], &["q"], vec![]),
+            ],
+            vec![],
+        );
+        let e = refuse_known_wrong(&qdq, KnownWrong::Tract).unwrap_err();
+        assert!(
+            e.message().contains("Softmax") && e.message().contains("QDQ softmax"),
+            "{e}"
+        );
+        assert!(refuse_known_wrong(&qdq, KnownWrong::OnnxRuntime).is_ok());
+        let float_out = model(
+            vec![
+                node("DequantizeLinear", &["a", "s", "z"], &["b"], vec![]),
+                node("Softmax", &["b"], &["p"], vec![]),
+            ],
+            vec![],
+        );
+        assert!(refuse_known_wrong(&float_out, KnownWrong::Tract).is_ok());
+        let plain = model(vec![node("Softmax", &["x"], &["p"], vec![])], vec![]);
+        assert!(refuse_known_wrong(&plain, KnownWrong::Tract).is_ok());
     }
 }
