@@ -6,6 +6,7 @@ HTTP repository API and tritonclient."""
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import urllib.request
 
@@ -149,3 +150,100 @@ def test_an_int8_version_serves_after_its_gate_and_a_wrong_one_does_not(engine):
             stop_wisp(proc, log)
     finally:
         shutil.rmtree(repo, ignore_errors=True)
+
+
+QUANTIZE_CONFIG = CONFIG.replace(
+    '{ key: "gate.max_latency_ratio" value { string_value: "50" } }',
+    '{ key: "gate.max_latency_ratio" value { string_value: "50" } },\n'
+    '  { key: "gate.baseline_version" value { string_value: "1" } }')
+
+
+def calibration_dir(n):
+    d = tempfile.mkdtemp(prefix="wisp-calibration-")
+    for i in range(n):
+        batch = 2 if i == 4 else 1  # a held-out body of two items: two held-out samples
+        x = RNG.normal(size=(batch, 16)).astype(np.float32)
+        with open(os.path.join(d, f"{i:02}.json"), "w") as f:
+            f.write('{"inputs": [{"name": "X", "shape": [%d, 16], "datatype": "FP32", "data": %s}]}'
+                    % (batch, x.flatten().tolist()))
+    return d
+
+
+def quantize_cli(*args):
+    from conftest import wisp_command
+    return subprocess.run([*wisp_command(), "quantize", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def scorer_repo():
+    repo = tempfile.mkdtemp(prefix="wisp-quantize-")
+    os.makedirs(os.path.join(repo, "scorer", "warmup"))
+    with open(os.path.join(repo, "scorer", "config.pbtxt"), "w") as f:
+        f.write(QUANTIZE_CONFIG)
+    RNG.normal(size=16).astype(np.float32).tofile(os.path.join(repo, "scorer", "warmup", "x.bin"))
+    save_version(repo, 1, float_model(W))
+    return repo
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_wisp_quantize_writes_the_best_int8_version_that_passes_the_gate(engine):
+    repo = scorer_repo()
+    cal = calibration_dir(10)
+    try:
+        model = os.path.join(repo, "scorer")
+        r = quantize_cli(model, "--calibration", cal, "--onnx-engine", engine)
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert "judging 6 candidate(s) against version 1 on 3 held-out sample(s)" in r.stderr, r.stderr
+        rows = [line for line in r.stdout.splitlines() if line.startswith("| qdq-") or line.startswith("| dynamic-")]
+        assert len(rows) == 6 and any("| passed |" in row for row in rows), r.stdout
+        assert f"wrote {model}/2/model.onnx" in r.stdout, r.stdout
+        # The version written is INT8, and a server started on the repository judges it
+        # against version 1 (gate.baseline_version) before serving it.
+        int8 = onnx.load(os.path.join(model, "2", "model.onnx"))
+        assert any(n.op_type in ("QuantizeLinear", "DynamicQuantizeLinear") for n in int8.graph.node)
+        proc, log, urls = start_wisp(repo, engine, f"quantize-{engine}.log")
+        try:
+            meta = httpclient.InferenceServerClient(urls["url"]).get_model_metadata("scorer")
+            assert meta["versions"] == ["2"], meta
+            assert meta["parameters"]["gate"].startswith("passed against version 1"), meta
+        finally:
+            stop_wisp(proc, log)
+        # A second run does not overwrite what it wrote.
+        r = quantize_cli(model, "--calibration", cal, "--version", "2")
+        assert r.returncode == 1 and "version 2 exists already" in r.stderr, r.stderr
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+        shutil.rmtree(cal, ignore_errors=True)
+
+
+def test_wisp_quantize_refuses_bad_calibration_with_a_clear_error():
+    repo = scorer_repo()
+    cal = calibration_dir(1)
+    try:
+        model = os.path.join(repo, "scorer")
+        r = quantize_cli(model, "--calibration", os.path.join(repo, "missing"))
+        assert r.returncode == 1 and "--calibration: cannot read" in r.stderr, r.stderr
+        r = quantize_cli(model, "--calibration", cal)
+        assert r.returncode == 1 and "needs at least two request bodies" in r.stderr, r.stderr
+        with open(os.path.join(cal, "05.json"), "w") as f:
+            f.write('{"inputs": [{"name": "NOPE", "shape": [1, 16], "datatype": "FP32", "data": %s}]}'
+                    % ([0.0] * 16))
+        r = quantize_cli(model, "--calibration", cal)
+        assert r.returncode == 1 and "05.json" in r.stderr and "NOPE" in r.stderr, r.stderr
+        os.remove(os.path.join(cal, "05.json"))
+        # A FIFO where a body should be: refused as not a regular file, never read (a read
+        # would hang).
+        os.mkfifo(os.path.join(cal, "03.json"))
+        r = quantize_cli(model, "--calibration", cal)
+        assert r.returncode == 1 and "03.json" in r.stderr, r.stderr
+        os.remove(os.path.join(cal, "03.json"))
+        with open(os.path.join(cal, "02.json"), "w") as f:
+            f.write('{"inputs": [{"name": "X", "shape": [1, 16], "datatype": "FP32", "data": %s}]}'
+                    % ([0.5] * 16))
+        # A Python without ONNX Runtime's quantizer: the command to install it is named.
+        r = quantize_cli(model, "--calibration", cal, "--python", "/bin/false")
+        assert r.returncode == 1 and "pip install onnxruntime" in r.stderr, r.stderr
+        assert sorted(os.listdir(model)) == ["1", "config.pbtxt", "warmup"], "nothing written"
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+        shutil.rmtree(cal, ignore_errors=True)

@@ -130,6 +130,17 @@ impl Registry {
             .unwrap_or_default()
     }
 
+    /// What the gate measured for each version the model's current entry judged when it
+    /// loaded (empty when it judged none, or the model is not loaded).
+    pub fn gate_outcomes(&self, name: &str) -> Vec<gate::Outcome> {
+        self.models
+            .read()
+            .expect("registry lock")
+            .get(name)
+            .map(|e| e.gated.clone())
+            .unwrap_or_default()
+    }
+
     /// The repository index: every model of the repositories, loaded or not.
     pub fn index(&self, ready_only: bool) -> Result<Vec<IndexEntry>> {
         let scan = repository::scan(&self.roots)?;

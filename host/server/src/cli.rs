@@ -118,6 +118,13 @@ pub fn main() -> anyhow::Result<()> {
         Command::Serve(settings) => settings,
         Command::Sign(args) => return sign(args),
         Command::Keygen(args) => return keygen(args),
+        Command::Quantize(args) => {
+            if let Err(e) = crate::quantize::run(&args) {
+                eprintln!("wisp quantize: {e:#}");
+                std::process::exit(1);
+            }
+            return Ok(());
+        }
         Command::Plugin(cmd) => {
             // One clear line, never a backtrace (whatever RUST_BACKTRACE holds): these are
             // a plugin author's mistakes and missing tools, not Wisp's bugs.

@@ -22,6 +22,7 @@ pub mod http;
 pub use wisp_service::logging;
 pub mod metrics;
 pub mod plugin_cli;
+pub mod quantize;
 /// Object-store repositories (the `object-store` feature).
 #[cfg(feature = "object-store")]
 pub use wisp_remote as remote;

@@ -57,6 +57,37 @@ pub enum Command {
     /// Scaffold, build, check and run wasm plugins without a server.
     #[command(subcommand)]
     Plugin(crate::plugin_cli::PluginCommand),
+    /// Write an INT8 version of an ONNX model: each format ONNX Runtime's quantizer makes,
+    /// calibrated on request bodies, judged by the model's gate against the float version on
+    /// held-out ones; the best that passes is written.
+    Quantize(QuantizeArgs),
+}
+
+/// `wisp quantize`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct QuantizeArgs {
+    /// The model directory (`<repository>/<model>`) of an ONNX model.
+    #[arg(value_name = "MODEL_DIR")]
+    pub model_dir: PathBuf,
+    /// A directory of KServe v2 JSON request bodies (`*.json`) for the model: four in five
+    /// calibrate, every fifth is held out for the gate.
+    #[arg(long, value_name = "DIR")]
+    pub calibration: PathBuf,
+    /// The float version to quantize (default: the highest).
+    #[arg(long = "from", value_name = "N")]
+    pub from: Option<u64>,
+    /// The version to write (default: one above the highest); it must not exist.
+    #[arg(long, value_name = "N")]
+    pub version: Option<u64>,
+    /// A Python with the `onnxruntime` package (default: WISP_PYTHON, else `python3`).
+    #[arg(long, value_name = "FILE")]
+    pub python: Option<PathBuf>,
+    /// The engine the candidates are judged on (as `wisp serve` would run them).
+    #[arg(long, value_enum, default_value_t = OnnxEngine::Auto)]
+    pub onnx_engine: OnnxEngine,
+    /// ONNX Runtime shared library (else ORT_DYLIB_PATH, else the Python package's).
+    #[arg(long, value_name = "FILE")]
+    pub onnxruntime_lib: Option<PathBuf>,
 }
 
 /// `wisp sign`.
