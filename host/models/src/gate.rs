@@ -12,7 +12,8 @@
 //! The baseline is taken from this load when it selects it, else from what serves, else it is
 //! loaded from its directory for the check. A version that fails becomes UNAVAILABLE with what
 //! was measured; on a reload the previous version keeps serving, and on a first load a baseline
-//! loaded for the check serves in its place. A baseline that cannot be loaded fails the versions
+//! loaded for the check serves in its place (as it does for a version that did not load at
+//! all: an engine refused it, say). A baseline that cannot be loaded fails the versions
 //! it was to judge: the gate fails closed.
 //!
 //! Agreement is measured per output row (the last axis; a scalar is one row): the cosine of
@@ -400,7 +401,10 @@ pub(crate) fn apply(
         .filter(|(v, m)| m.is_ok() && **v != baseline && !served.contains_key(v))
         .map(|(v, _)| *v)
         .collect();
-    if judged.is_empty() {
+    // On a first load, a declared baseline also stands in for a version that did not load.
+    let first_load = served.is_empty();
+    let unloaded = first_load && loaded.iter().any(|(v, m)| m.is_err() && *v != baseline);
+    if judged.is_empty() && !unloaded {
         return Vec::new();
     }
     // The baseline: from this load, else what serves, else its files.
@@ -461,9 +465,21 @@ pub(crate) fn apply(
         }
         outcomes.push(Outcome { version: v, report });
     }
-    // On a first load, a baseline loaded for the check serves in place of what failed.
-    if let (true, Ok(Base::Loaded(m))) = (any_failed && served.is_empty(), base) {
-        loaded.insert(baseline, Ok(*m));
+    // On a first load, a baseline loaded for the check serves in place of what failed its
+    // gate or did not load.
+    match base {
+        Ok(Base::Loaded(m)) if first_load && (any_failed || unloaded) => {
+            tracing::warn!(
+                model,
+                version = baseline,
+                "the gate's baseline serves in place of versions that failed their gate or did not load"
+            );
+            loaded.insert(baseline, Ok(*m));
+        }
+        Err(e) if unloaded => {
+            tracing::error!(model, version = baseline, error = %e, "the gate's baseline cannot be loaded either");
+        }
+        _ => {}
     }
     outcomes
 }

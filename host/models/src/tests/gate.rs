@@ -163,3 +163,23 @@ fn a_slower_version_breaks_its_latency_ratio() {
     let why = index_row(&r, "m").reason;
     assert!(why.contains("over gate.max_latency_ratio 1.5"), "{why}");
 }
+
+#[test]
+fn a_first_load_with_a_baseline_serves_it_in_place_of_a_version_that_does_not_load() {
+    let repo = tempfile::tempdir().unwrap();
+    let config = gated_config(&[("gate.baseline_version", "1")]);
+    write_model(repo.path(), "m", &config, Some("scores 1 2 3"));
+    add_version(repo.path(), 2, "broken two");
+    let (r, _) = registry(repo.path());
+    r.load_initial(None).unwrap();
+    assert_eq!(served(&r).0, 1);
+    assert!(row(&r, 2).reason.contains("broken"), "{:?}", row(&r, 2));
+    // Without a baseline, nothing stands in: the model is unavailable, as any broken latest
+    // version leaves it.
+    let repo = tempfile::tempdir().unwrap();
+    write_model(repo.path(), "m", &gated_config(&[]), Some("scores 1 2 3"));
+    add_version(repo.path(), 2, "broken two");
+    let (r, _) = registry(repo.path());
+    r.load_initial(None).unwrap();
+    assert!(r.get("m", None).is_err());
+}
