@@ -12,6 +12,9 @@ model and version, one client thread (c=1) and eight (c=8) send the same request
 `--seconds` (versions alternating, same process): req/s, p50 and p99; and on `--held-out`
 fresh inputs the agreement of version 2 with version 1 (min cosine per token row; top-1).
 
+First, per engine, `wisp quantize` itself on each model from ten generated request bodies:
+its table of every INT8 format judged by the gate, and what it wrote (or why nothing).
+
     python benches/int8.py --wisp target/release/wisp [--engines onnxruntime,tract] [--seconds 5]
 """
 import argparse
@@ -123,6 +126,36 @@ def make_repos():
     return gated, plain, formats
 
 
+def quantize_tables(wisp, engine, seconds_budget=900):
+    """`wisp quantize` on each model from ten request bodies like the bench's: its table of
+    every INT8 format on `engine`, judged by the gate (the model's float version against
+    each), and what it wrote."""
+    import subprocess
+    out = []
+    for name in ("all_minilm_l6_v2", "ppocr_cls"):
+        scratch = tempfile.mkdtemp(prefix="wisp-int8-quantize-")
+        try:
+            model = os.path.join(scratch, "repo", name)
+            shutil.copytree(os.path.join(ROOT, "model_repo", name), model)
+            cal = os.path.join(scratch, "bodies")
+            os.makedirs(cal)
+            for i in range(10):
+                inputs = tokens(1, padded=False) if name == "all_minilm_l6_v2" else {"x": crops(1)}
+                with open(os.path.join(cal, f"{i:02}.json"), "wb") as f:
+                    f.write(body(inputs))
+            # (neither model declares a gate: wisp quantize's default, a cosine of 0.99 on
+            # every output row and no slower than FP32)
+            r = subprocess.run([wisp, "quantize", model, "--calibration", cal, "--onnx-engine", engine],
+                               capture_output=True, text=True, timeout=seconds_budget)
+            table = [line for line in r.stdout.splitlines() if line.startswith("|")]
+            last = (r.stdout.strip().splitlines() or [""])[-1] if r.returncode == 0 else \
+                (r.stderr.strip().splitlines() or [""])[-1]
+            out.append((name, table, last.replace(scratch, "…")))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
 def body(inputs):
     return json.dumps({"inputs": [
         {"name": k, "shape": list(v.shape), "datatype": "INT64" if v.dtype == np.int64 else "FP32",
@@ -214,6 +247,12 @@ def main():
         print()
         for engine in a.engines.split(","):
             print(f"## {engine}\n")
+            print(f"### `wisp quantize --onnx-engine {engine}` on ten request bodies\n")
+            for name, table, last in quantize_tables(os.path.abspath(a.wisp), engine):
+                print(f"{name}:\n")
+                print("\n".join(table))
+                print(f"\n{last}\n")
+            print("### The bench's INT8 versions, served\n")
             # The gate: version 1 serves, version 2 only if it keeps every bound.
             proc, log, urls = start_wisp(gated, engine, f"int8-gated-{engine}.log", ready_within=300)
             try:
