@@ -29,15 +29,7 @@ fn add_version(root: &Path, v: u64, text: &str) {
 
 /// The versions served and the scores the served one answers.
 fn served(r: &Registry) -> (u64, Vec<f32>) {
-    let m = r.get("m", None).unwrap();
-    let input = Tensor::new("IN", DataType::Fp32, vec![1], vec![0u8; 4].into()).unwrap();
-    let request = InferRequest {
-        inputs: vec![input],
-        ..Default::default()
-    };
-    let out = m
-        .infer_blocking(request, Instant::now() + Duration::from_secs(10))
-        .unwrap();
+    let (m, out) = ask(r, "m");
     (m.version, out.outputs[0].values().unwrap())
 }
 

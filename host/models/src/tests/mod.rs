@@ -174,8 +174,8 @@ fn registry_with_state(root: &Path, state_dir: Option<&Path>) -> (Registry, Arc<
     )
 }
 
-/// The tag the served version of `name` answers with.
-fn served_tag(r: &Registry, name: &str) -> String {
+/// The version of `name` that serves, and its answer to a request of one zero.
+fn ask(r: &Registry, name: &str) -> (Arc<ModelVersion>, InferResponse) {
     let m = r.get(name, None).unwrap();
     let input = Tensor::new("IN", DataType::Fp32, vec![1], vec![0u8; 4].into()).unwrap();
     let request = InferRequest {
@@ -185,6 +185,12 @@ fn served_tag(r: &Registry, name: &str) -> String {
     let out = m
         .infer_blocking(request, Instant::now() + Duration::from_secs(10))
         .unwrap();
+    (m, out)
+}
+
+/// The tag the served version of `name` answers with.
+fn served_tag(r: &Registry, name: &str) -> String {
+    let (_, out) = ask(r, name);
     let tags = decode_bytes_elements(&out.outputs[0].data).unwrap();
     String::from_utf8(tags[0].to_vec()).unwrap()
 }
