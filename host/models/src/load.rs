@@ -43,9 +43,9 @@ pub struct LoadOptions {
 
 /// Loads one model, leaving out the versions in `withheld`; failures are recorded in the
 /// entry, never returned. A version its gate covers is judged against its baseline (see
-/// [`crate::gate`]; `previous` is what serves the model now) before the entry is returned. Failure reasons reach
-/// any client (the repository index, readiness errors), so paths in them are made relative to
-/// the repository. A panic while loading (a compiler's internal error on a component, say)
+/// [`crate::gate`]; `previous` is what serves the model now) before the entry is returned.
+/// Failure reasons reach any client (the repository index, readiness errors), so paths in
+/// them are made relative to the repository. A panic while loading (a compiler's internal error on a component, say)
 /// fails this model only, never the server.
 pub(super) fn load_model(
     dir: &ModelDir,
