@@ -44,11 +44,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use wisp_backend_onnx::EngineChoice;
 
 use models::Registry;
 use service::core::{Core, CoreOptions};
-use settings::{OnnxEngine, Settings};
+use settings::Settings;
 use wisp_plugin_runtime::WasmCompiler;
 
 /// Object-store repositories, mirrored locally before anything loads (none without the
@@ -155,11 +154,7 @@ async fn core_options(
         poll_every: std::time::Duration::from_secs(settings.repository_poll_secs),
         exit_on_error: settings.exit_on_error,
         strict_readiness: settings.strict_readiness,
-        onnx_engine: match settings.onnx_engine {
-            OnnxEngine::Auto => EngineChoice::Auto,
-            OnnxEngine::Onnxruntime => EngineChoice::OnnxRuntime,
-            OnnxEngine::Tract => EngineChoice::Tract,
-        },
+        onnx_engine: settings.onnx_engine.into(),
         onnxruntime_lib: settings.onnxruntime_lib.clone(),
         wasm_compiler: resolved.wasm_compiler,
         wasm_compiler_why,

@@ -28,7 +28,7 @@ use wisp_core::repository::{self, ModelDir};
 use wisp_core::{DataType, Tensor};
 use wisp_models::{LoadOptions, Registry};
 
-use crate::settings::{OnnxEngine, QuantizeArgs};
+use crate::settings::QuantizeArgs;
 
 /// The candidate-making script, run with the user's Python.
 const CANDIDATES_PY: &str = include_str!("candidates.py");
@@ -46,6 +46,7 @@ type Inputs = Vec<Tensor>;
 pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
     let dir = model_dir(&args.model_dir)?;
     let backend = Arc::new(engine(args)?);
+    let engine_name = backend.engine();
     let spec = wisp_models::prepare_config(&dir, backend.as_ref(), true)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let cfg = &spec.config;
@@ -99,7 +100,7 @@ pub fn run(args: &QuantizeArgs) -> anyhow::Result<()> {
         backend,
         scratch.path(),
     )?;
-    print_table(&judged, backend_engine(args));
+    print_table(&judged, engine_name);
     let best = judged
         .iter()
         .filter(|j| j.report.as_ref().is_some_and(|r| r.passed()))
@@ -137,20 +138,8 @@ fn model_dir(path: &Path) -> anyhow::Result<ModelDir> {
     })
 }
 
-fn backend_engine(args: &QuantizeArgs) -> &'static str {
-    match args.onnx_engine {
-        OnnxEngine::Tract => "tract",
-        OnnxEngine::Onnxruntime => "onnxruntime",
-        OnnxEngine::Auto => "the default engine",
-    }
-}
-
 fn engine(args: &QuantizeArgs) -> anyhow::Result<OnnxBackend> {
-    let choice = match args.onnx_engine {
-        OnnxEngine::Auto => EngineChoice::Auto,
-        OnnxEngine::Onnxruntime => EngineChoice::OnnxRuntime,
-        OnnxEngine::Tract => EngineChoice::Tract,
-    };
+    let choice = EngineChoice::from(args.onnx_engine);
     let lib = match choice {
         EngineChoice::Tract => None,
         _ => find_onnxruntime(args.onnxruntime_lib.as_deref(), &wisp_core::env::ProcessEnv),

@@ -123,6 +123,16 @@ pub enum OnnxEngine {
     Tract,
 }
 
+impl From<OnnxEngine> for wisp_backend_onnx::EngineChoice {
+    fn from(e: OnnxEngine) -> Self {
+        match e {
+            OnnxEngine::Auto => Self::Auto,
+            OnnxEngine::Onnxruntime => Self::OnnxRuntime,
+            OnnxEngine::Tract => Self::Tract,
+        }
+    }
+}
+
 /// What compiles wasm plugins (`--wasm-compiler`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WasmCompilerChoice {
